@@ -1,0 +1,31 @@
+"""Parameterized FP32 GEMM kernels (C = alpha*A*B + beta*C, row-major), compiled with NVRTC.
+
+Imports none of the other layers.
+"""
+from kernels.compiler import CompiledKernel, CompileError, Resources, compile_config, nvrtc_version
+from kernels.families import LADDER
+from kernels.occupancy import ARCH_LIMITS, Occupancy, occupancy
+from kernels.space import Config, ConfigError, Constraint, Family, Launch, Param
+
+FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown kernel family {name!r}; known families: {', '.join(FAMILIES)}") from None
+
+
+def gemm(family, config, a, b, c, m, n, k, alpha=1.0, beta=0.0, *, stream=0, device=0):
+    """Run C = alpha*A*B + beta*C with one family and config on device data (see kernels.runtime)."""
+    from kernels.runtime import gemm as _gemm
+
+    return _gemm(family, config, a, b, c, m, n, k, alpha, beta, stream=stream, device=device)
+
+
+__all__ = [
+    "ARCH_LIMITS", "CompileError", "CompiledKernel", "Config", "ConfigError", "Constraint", "FAMILIES",
+    "Family", "Launch", "Occupancy", "Param", "Resources", "compile_config", "gemm", "get_family",
+    "nvrtc_version", "occupancy",
+]

@@ -1,0 +1,167 @@
+"""NVRTC compilation to CUBIN, the ptxas resource report, and a content-addressed CUBIN cache."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from kernels.space import Config, Family
+
+
+class CompileError(RuntimeError):
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message + (f"\n{log}" if log else ""))
+        self.log = log
+
+
+@dataclass(frozen=True)
+class Resources:
+    registers: int
+    shared_static_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    cubin: bytes
+    arch: str
+    resources: dict[str, Resources]
+    log: str
+    seconds: float
+    cached: bool
+
+    @property
+    def main(self) -> Resources:
+        """Resources of the GEMM kernel itself (not the split-K reduction)."""
+        return self.resources["gemm"]
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_report(log: str) -> dict[str, Resources]:
+    """Per-kernel registers, static shared memory, spills and stack from `-Xptxas -v` output.
+
+    ptxas prints, per entry: "Compiling entry function 'k'", then the stack/spill line, then
+    "Used N registers, ... S bytes smem".
+    """
+    out: dict[str, Resources] = {}
+    entry, frame = None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry, frame = m.group(1), (0, 0, 0)
+        elif m := _FRAME.search(line):
+            frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _USED.search(line)) and entry:
+            smem = _SMEM.search(line)
+            out[entry] = Resources(int(m.group(1)), int(smem.group(1)) if smem else 0, frame[1], frame[2], frame[0])
+    return out
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("GEMMTUNE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gemmtune" / "cubins"
+
+
+def _check(err, what: str, log: str = "") -> None:
+    from cuda.bindings import nvrtc
+
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{what} failed: {err.name if hasattr(err, 'name') else err}", log)
+
+
+def cache_key(program: str, arch: str) -> str:
+    """Source text (parameters included), architecture and NVRTC version address a CUBIN."""
+    return hashlib.sha256(f"{nvrtc_version()}\0{arch}\0{program}".encode()).hexdigest()
+
+
+def compile_program(program: str, arch: str, name: str = "gemm.cu") -> tuple[bytes, str]:
+    """NVRTC → CUBIN for `arch` ("sm_90"), with ptxas' resource report in the log."""
+    from cuda.bindings import nvrtc
+
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise ValueError(f"arch must look like 'sm_90', got {arch!r}")
+    err, prog = nvrtc.nvrtcCreateProgram(program.encode(), name.encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        # --no-cache: NVRTC >= 12.9 caches compiles and then prints no ptxas report.
+        opts = [f"--gpu-architecture={arch}", "-std=c++17", "-Xptxas", "-v", "--no-cache"]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.decode(errors="replace").rstrip("\x00 \n")
+        _check(result, "nvrtcCompileProgram", log)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_config(family: Family, config: Config, arch: str = "sm_90",
+                   cache_dir: Path | str | None = None) -> CompiledKernel:
+    """Compile one config of a family, through the on-disk cache. Rejected configs raise ConfigError."""
+    from kernels.space import ConfigError
+
+    reasons = family.reject_reasons(config, arch)
+    if reasons:
+        raise ConfigError(f"{family.name} config {dict(config)} rejected: " + "; ".join(reasons))
+    program = family.program(config)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = cache_key(program, arch)
+    cubin_path, meta_path = folder / f"{key}.cubin", folder / f"{key}.json"
+    start = time.perf_counter()
+    if cubin_path.exists() and meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+            resources = {k: Resources(**v) for k, v in meta["resources"].items()}
+            return CompiledKernel(cubin_path.read_bytes(), arch, resources, meta["log"],
+                                  time.perf_counter() - start, cached=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged entry is rebuilt below
+    cubin, log = compile_program(program, arch, f"{family.name}.cu")
+    resources = parse_ptxas_report(log)
+    if family.kernel_name not in resources:
+        raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
+    seconds = time.perf_counter() - start
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"family": family.name, "config": dict(config), "arch": arch, "nvrtc": nvrtc_version(),
+            "log": log, "resources": {k: asdict(v) for k, v in resources.items()}}
+    _atomic_write(cubin_path, cubin)
+    _atomic_write(meta_path, json.dumps(meta).encode())
+    return CompiledKernel(cubin, arch, resources, log, seconds, cached=False)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Several compile processes may write the same entry; rename makes each write all-or-nothing.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

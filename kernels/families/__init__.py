@@ -1,0 +1,10 @@
+"""The optimization ladder, one family per rung (rasterization is the RASTER parameter of rungs 4-8)."""
+from kernels.families.blocktile1d import BlockTile1D
+from kernels.families.blocktile2d import BlockTile2D
+from kernels.families.naive import Naive
+from kernels.families.pipelined import Pipelined, SplitK
+from kernels.families.smem import SharedMemory
+from kernels.families.vectorized import Vectorized
+from kernels.families.warptile import WarpTile
+
+LADDER = (Naive(), SharedMemory(), BlockTile1D(), BlockTile2D(), Vectorized(), WarpTile(), Pipelined(), SplitK())

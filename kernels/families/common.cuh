@@ -1,0 +1,50 @@
+// Shared by every family. Parameters arrive as macros defined ahead of this text.
+// Row-major A (M x K, lda), B (K x N, ldb), C (M x N, ldc); C = alpha*A*B + beta*C.
+#define DIV_UP(a, b) (((a) + (b) - 1) / (b))
+
+#define GEMM_ARGS                                                                        \
+    int M, int N, int K, float alpha, const float* __restrict__ A, int lda,              \
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, \
+        float* __restrict__ workspace
+
+#ifndef RASTER
+#define RASTER 1
+#endif
+
+// Block order: groups of RASTER tile-rows are walked column by column, so blocks that run at
+// the same time share A rows and B columns in L2. RASTER = 1 is plain row-major order.
+__device__ __forceinline__ void tile_coords(int& tile_m, int& tile_n, int tiles_m, int tiles_n) {
+    const int pid = blockIdx.x;
+    const int width = RASTER * tiles_n;
+    const int group = pid / width;
+    const int first_m = group * RASTER;
+    const int rows = min(tiles_m - first_m, RASTER);
+    const int in_group = pid - group * width;
+    tile_m = first_m + in_group % rows;
+    tile_n = in_group / rows;
+}
+
+// beta == 0 never reads C, so NaNs already in C do not leak into the result.
+__device__ __forceinline__ float epilogue(float acc, float alpha, float beta, const float* c) {
+    return beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+
+// Sums the SPLITK partial products in workspace ([SPLITK][M][N]) into C. Same signature as
+// every kernel so that one launcher serves all families.
+#if defined(SPLITK) && SPLITK > 1
+extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long mn = (long long)M * N;
+    if (idx >= mn) return;
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < SPLITK; ++s) sum += workspace[s * mn + idx];
+    const int row = (int)(idx / N), col = (int)(idx % N);
+    float* c = C + (size_t)row * ldc + col;
+    *c = epilogue(sum, alpha, beta, c);
+}
+#endif

@@ -1,0 +1,22 @@
+#include "common.cuh"
+// Rung 1: one thread per element of C. COALESCED = 1 puts consecutive threads on consecutive
+// columns (coalesced loads of B and stores of C); COALESCED = 0 puts them on consecutive rows.
+extern "C" __global__ void __launch_bounds__(BX * BY) gemm(GEMM_ARGS) {
+    int tile_m, tile_n;
+#if COALESCED
+    tile_coords(tile_m, tile_n, DIV_UP(M, BY), DIV_UP(N, BX));
+    const int row = tile_m * BY + threadIdx.x / BX;
+    const int col = tile_n * BX + threadIdx.x % BX;
+#else
+    tile_coords(tile_m, tile_n, DIV_UP(M, BX), DIV_UP(N, BY));
+    const int row = tile_m * BX + threadIdx.x % BX;
+    const int col = tile_n * BY + threadIdx.x / BX;
+#endif
+    if (row >= M || col >= N) return;
+    const float* a = A + (size_t)row * lda;
+    const float* b = B + col;
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) acc += a[k] * b[(size_t)k * ldb];
+    float* c = C + (size_t)row * ldc + col;
+    *c = epilogue(acc, alpha, beta, c);
+}

@@ -1,0 +1,20 @@
+"""Rung 1: one thread per element of C, with and without coalesced access."""
+from kernels.space import Config, Family, Param
+
+
+class Naive(Family):
+    name = "naive"
+    rung = 1
+    description = "One thread per element of C; COALESCED maps consecutive threads to consecutive columns."
+    source_file = "naive.cu"
+    params = (
+        Param("BX", (8, 16, 32, 64, 128), "threads along the fast dimension"),
+        Param("BY", (1, 2, 4, 8, 16, 32), "threads along the slow dimension"),
+        Param("COALESCED", (0, 1), "1: threadIdx.x walks columns (coalesced); 0: walks rows"),
+    )
+
+    def threads(self, c: Config) -> int:
+        return c["BX"] * c["BY"]
+
+    def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
+        return (c["BY"], c["BX"]) if c["COALESCED"] else (c["BX"], c["BY"])

@@ -1,0 +1,56 @@
+#ifndef SPLITK
+#define SPLITK 1
+#endif
+// Rungs 7-8: warptiling fed by a STAGES-deep ring of shared-memory tiles filled with cp.async,
+// so loads of tile t+STAGES-1 overlap the FFMAs of tile t. With SPLITK > 1, blockIdx.z takes one
+// slice of K and writes raw partial sums to workspace; gemm_splitk_reduce applies alpha/beta.
+#define NT THREADS
+#include "common.cuh"
+#include "tiles.cuh"
+#include "warptile.cuh"
+extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
+    extern __shared__ __align__(16) float smem[];
+    int tile_m, tile_n;
+    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN));
+    const int row0 = tile_m * BM, col0 = tile_n * BN;
+    const bool vec_b = (ldb % 4 == 0) && aligned16(B);
+    // Each split takes a whole number of BK tiles.
+    const int k_chunk = DIV_UP(DIV_UP(K, SPLITK), BK) * BK;
+    const int k_begin = blockIdx.z * k_chunk;
+    const int k_end = min(K, k_begin + k_chunk);
+    const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
+    const WarpPos p = warp_position();
+    float acc[FRAG_M][FRAG_N] = {{0.0f}};
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) {
+            float* As = smem + s * (A_TILE_FLOATS + B_TILE_FLOATS);
+            load_a_tile_async(As, A, lda, M, K, row0, k_begin + s * BK, k_end);
+            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, K, col0, k_begin + s * BK, k_end, vec_b);
+        }
+        cp_async_commit();
+    }
+    for (int t = 0; t < ktiles; ++t) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile t visible to all; everyone is done with the stage refilled below
+        const int next = t + STAGES - 1;
+        if (next < ktiles) {
+            float* As = smem + (next % STAGES) * (A_TILE_FLOATS + B_TILE_FLOATS);
+            load_a_tile_async(As, A, lda, M, K, row0, k_begin + next * BK, k_end);
+            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, K, col0, k_begin + next * BK, k_end, vec_b);
+        }
+        cp_async_commit();
+        const float* As = smem + (t % STAGES) * (A_TILE_FLOATS + B_TILE_FLOATS);
+        warp_tile_mma(As, As + A_TILE_FLOATS, p, acc);
+    }
+    cp_async_wait<0>();
+
+#if SPLITK > 1
+    float* partial = workspace + (size_t)blockIdx.z * M * N;
+    warp_tile_store(partial, N, M, N, row0, col0, p, acc, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace));
+#else
+    const bool vec_c = (ldc % 4 == 0) && aligned16(C);
+    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c);
+#endif
+}

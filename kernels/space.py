@@ -1,0 +1,229 @@
+"""How a kernel family declares itself: tunable parameters, constraints, launch geometry."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+Config = Mapping[str, int]
+
+FAMILY_DIR = Path(__file__).parent / "families"
+
+# Every kernel of every family has this signature, so the launcher (and the GPU child process of
+# the tuner) needs nothing family-specific beyond a list of Launch records.
+KERNEL_SIGNATURE = (
+    "int M, int N, int K, float alpha, const float* __restrict__ A, int lda, "
+    "const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, "
+    "float* __restrict__ workspace"
+)
+
+# Shared memory a block may opt in to, per architecture (bytes); used by constraints so that a
+# config the GPU cannot launch is rejected before it is compiled.
+MAX_SHARED_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
+
+
+_ACCEPTED: dict[tuple[type, str], list[dict[str, int]]] = {}
+
+
+class ConfigError(ValueError):
+    """An unknown family, parameter or value, or a missing parameter."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    values: tuple[int, ...]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    reason: str
+    holds: Callable[[Config], bool]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: plain data, picklable, shipped to the GPU process."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+
+
+_INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
+
+
+def _expand_includes(file_name: str) -> str:
+    text = (FAMILY_DIR / file_name).read_text()
+    return _INCLUDE.sub(lambda m: _expand_includes(m.group(1)), text)
+
+
+def div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_dims(m: int, n: int, k: int) -> None:
+    for name, v in (("M", m), ("N", n), ("K", k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+class Family:
+    """A rung of the optimization ladder. Subclasses set the class attributes and geometry."""
+
+    name: str
+    rung: int
+    description: str
+    source_file: str
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...] = ()
+    kernel_name = "gemm"
+
+    # --- geometry, overridden per family ---------------------------------------------------
+    def threads(self, c: Config) -> int:
+        raise NotImplementedError
+
+    def shared_bytes(self, c: Config) -> int:
+        """Dynamic shared memory per block (static shared memory comes from ptxas)."""
+        return 0
+
+    def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
+        """Output tile of one block (rows, cols)."""
+        raise NotImplementedError
+
+    def splits(self, c: Config) -> int:
+        return 1
+
+    def launches(self, c: Config, m: int, n: int, k: int) -> list[Launch]:
+        self.validate(c)
+        check_dims(m, n, k)
+        tm, tn = self.tiles(c, m, n)
+        blocks = div_up(m, tm) * div_up(n, tn)
+        main = Launch(self.kernel_name, (blocks, 1, self.splits(c)), (self.threads(c), 1, 1), self.shared_bytes(c))
+        if self.splits(c) == 1:
+            return [main]
+        reduce_threads = 256
+        return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0)]
+
+    def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:
+        s = self.splits(c)
+        return 0 if s == 1 else s * m * n * 4
+
+    def flops(self, m: int, n: int, k: int) -> int:
+        return 2 * m * n * k
+
+    # --- source ------------------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The family's CUDA text with our own `#include "x.cuh"` headers expanded in place."""
+        return _expand_includes(self.source_file)
+
+    @property
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def program(self, c: Config) -> str:
+        """The full CUDA text for one config: parameters as macros ahead of the source."""
+        self.validate(c)
+        defines = "".join(f"#define {p.name} {int(c[p.name])}\n" for p in self.params)
+        return defines + self.source
+
+    # --- parameter space ---------------------------------------------------------------------
+    def validate(self, c: Config) -> None:
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(c) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"family {self.name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                f"its parameters are {', '.join(known)}"
+            )
+        missing = [name for name in known if name not in c]
+        if missing:
+            raise ConfigError(f"family {self.name!r}: config is missing {', '.join(missing)}")
+        for name, p in known.items():
+            v = c[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v not in p.values:
+                raise ConfigError(
+                    f"family {self.name!r}: {name}={v!r} is not allowed; allowed values are "
+                    f"{', '.join(map(str, p.values))}"
+                )
+
+    def reject_reasons(self, c: Config, arch: str = "sm_90") -> list[str]:
+        """Reasons the constraints reject this config ([] when accepted)."""
+        self.validate(c)
+        reasons = [con.reason for con in self.constraints if not con.holds(c)]
+        if not reasons:
+            threads = self.threads(c)
+            if threads % 32 or not 32 <= threads <= 1024:
+                reasons.append(f"threads per block must be a multiple of 32 in [32, 1024], got {threads}")
+            limit = MAX_SHARED_PER_BLOCK.get(arch, MAX_SHARED_PER_BLOCK["sm_86"])
+            if self.shared_bytes(c) > limit:
+                reasons.append(
+                    f"needs {self.shared_bytes(c)} bytes of shared memory per block; {arch} allows {limit}"
+                )
+        return reasons
+
+    def accepts(self, c: Config, arch: str = "sm_90") -> bool:
+        return not self.reject_reasons(c, arch)
+
+    def space_size(self) -> int:
+        size = 1
+        for p in self.params:
+            size *= len(p.values)
+        return size
+
+    def all_configs(self) -> Iterator[dict[str, int]]:
+        names = [p.name for p in self.params]
+        for values in itertools.product(*(p.values for p in self.params)):
+            yield dict(zip(names, values))
+
+    def accepted_configs(self, arch: str = "sm_90") -> list[dict[str, int]]:
+        """Every config the constraints accept, in parameter order (cached per architecture)."""
+        key = (type(self), arch)
+        if key not in _ACCEPTED:
+            _ACCEPTED[key] = list(self._enumerate_accepted(arch))
+        return _ACCEPTED[key]
+
+    def _enumerate_accepted(self, arch: str) -> Iterator[dict[str, int]]:
+        # Depth-first over the parameters, testing each constraint as soon as every parameter it
+        # reads is bound (a constraint that reads an unbound one raises KeyError), so large
+        # spaces are pruned early instead of filtered one full config at a time.
+        def decidable(partial: dict[str, int]) -> tuple[bool, list[Constraint]]:
+            pending = []
+            for con in self.constraints:
+                try:
+                    if not con.holds(partial):
+                        return False, []
+                except KeyError:
+                    pending.append(con)
+            return True, pending
+
+        def walk(i: int, partial: dict[str, int]) -> Iterator[dict[str, int]]:
+            if i == len(self.params):
+                if self.accepts(partial, arch):
+                    yield dict(partial)
+                return
+            p = self.params[i]
+            for v in p.values:
+                partial[p.name] = v
+                ok, _ = decidable(partial)
+                if ok:
+                    yield from walk(i + 1, partial)
+                del partial[p.name]
+
+        return walk(0, {})
+
+    def sample_accepted(self, count: int, seed: int = 0, arch: str = "sm_90") -> list[dict[str, int]]:
+        """Uniform sample (without replacement) of accepted configs."""
+        pool = self.accepted_configs(arch)
+        rng = random.Random(seed)
+        return rng.sample(pool, min(count, len(pool)))
+
+    def __repr__(self) -> str:
+        return f"<Family {self.rung}:{self.name}>"
