@@ -1,0 +1,24 @@
+"""gemmtune's result database: GPUs, problems, kernel families, runs, trials, baselines.
+
+See ARCHITECTURE.md ("tuner → db contract") and README.md ("Result database").
+"""
+
+from .database import Database, open_database
+from .errors import (InvalidInputError, NotADatabaseError, SchemaTooNewError, StorageError,
+                     UnknownGpuError, UnknownRunError)
+from .queries import log2_distance
+from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, NearestProblem,
+                      OverviewCell, Problem, Run, Trial, TrialRecord)
+from .states import DTYPES, LAYOUTS, RUN_STATES, TRIAL_STATES
+from .urls import default_url, resolve_url
+
+__all__ = [
+    "Database", "open_database", "default_url", "resolve_url",
+    "GpuInfo", "TrialRecord",
+    "Gpu", "Problem", "FamilyVersion", "Run", "Trial", "Baseline", "BestResult",
+    "NearestProblem", "OverviewCell",
+    "TRIAL_STATES", "RUN_STATES", "DTYPES", "LAYOUTS",
+    "InvalidInputError", "UnknownRunError", "UnknownGpuError",
+    "StorageError", "NotADatabaseError", "SchemaTooNewError",
+    "log2_distance",
+]

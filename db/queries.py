@@ -1,0 +1,191 @@
+"""Database methods that answer "what is best": best, top-k, nearest problem, baselines."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from . import convert, validate
+from .core import DatabaseCore
+from .models import BaselineRow, FamilyRow, GpuRow, ProblemRow, RunRow, TrialRow
+from .records import Baseline, BestResult, NearestProblem
+
+_BEST_COLUMNS = (TrialRow, RunRow, GpuRow, ProblemRow, FamilyRow)
+
+
+def log2_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """Distance between two GEMM shapes: Euclidean distance of (log2 M, log2 N, log2 K).
+
+    Working in log2 makes a factor of two in any dimension count the same whether the
+    dimension is 64 or 8192, which matches how tiled kernels' behaviour changes with size:
+    (1024, 1024, 1024) is 1.0 from (2048, 1024, 1024) and sqrt(3) from (2048, 2048, 2048).
+    """
+    return math.sqrt(sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(a, b)))
+
+
+def _ok_trials() -> Select[Any]:
+    """Verified trials with everything a BestResult needs, fastest first (ties: oldest trial)."""
+    return (
+        select(*_BEST_COLUMNS)
+        .join(RunRow, TrialRow.run_id == RunRow.id)
+        .join(GpuRow, RunRow.gpu_id == GpuRow.id)
+        .join(ProblemRow, RunRow.problem_id == ProblemRow.id)
+        .join(FamilyRow, RunRow.family_id == FamilyRow.id)
+        .where(TrialRow.state == "ok")
+        .order_by(TrialRow.gflops.desc(), TrialRow.id)
+    )
+
+
+def _family_filter(query: Select[Any], family: str | None, source_hash: str | None) -> Select[Any]:
+    validate.text("family", family, optional=True)
+    validate.text("source_hash", source_hash, optional=True)
+    if family is not None:
+        query = query.where(FamilyRow.name == family)
+    if source_hash is not None:
+        query = query.where(FamilyRow.source_hash == source_hash.lower())
+    return query
+
+
+class Queries(DatabaseCore):
+    def best(self, gpu: str, m: int, n: int, k: int, family: str | None = None,
+             nearest: bool = True, *, source_hash: str | None = None, dtype: str = "fp32",
+             layout: str = "row-major", general_alpha_beta: bool = True) -> BestResult | None:
+        """The fastest verified config for (gpu, problem), optionally of one family.
+
+        gpu is a name or UUID (any case); a name covers every GPU of that name. Only trials in
+        state "ok" qualify. When the exact problem has none and `nearest` is set, the answer
+        comes from the closest tuned problem (see log2_distance), with match="nearest".
+        None when nothing qualifies; an unknown gpu raises UnknownGpuError.
+        """
+        requested = validate.shape(m, n, k)
+        validate.problem_kind(dtype, layout, general_alpha_beta)
+        with self._reading() as session:
+            gpu_ids = self._gpu_ids(session, gpu)
+            query = _family_filter(_ok_trials(), family, source_hash).where(
+                RunRow.gpu_id.in_(gpu_ids),
+                ProblemRow.dtype == dtype, ProblemRow.layout == layout,
+                ProblemRow.general_alpha_beta == general_alpha_beta,
+            )
+            exact = session.execute(
+                query.where(ProblemRow.m == m, ProblemRow.n == n, ProblemRow.k == k).limit(1)
+            ).first()
+            if exact is not None:
+                return _best_result(session, exact, requested, "exact", 0.0)
+            if not nearest:
+                return None
+            candidates = self._tuned_problems(session, gpu_ids, requested, family, source_hash,
+                                              dtype, layout, general_alpha_beta)
+            if not candidates:
+                return None
+            closest = candidates[0]
+            row = session.execute(query.where(ProblemRow.id == closest.problem.id).limit(1)).one()
+            return _best_result(session, row, requested, "nearest", closest.distance)
+
+    def top_k(self, gpu: str, m: int, n: int, k: int, *, family: str | None = None,
+              limit: int = 10, dtype: str = "fp32", layout: str = "row-major",
+              general_alpha_beta: bool = True) -> list[BestResult]:
+        """The `limit` fastest verified trials for exactly this (gpu, problem), best first."""
+        requested = validate.shape(m, n, k)
+        validate.problem_kind(dtype, layout, general_alpha_beta)
+        _, limit = validate.paging(0, limit)
+        with self._reading() as session:
+            gpu_ids = self._gpu_ids(session, gpu)
+            query = _family_filter(_ok_trials(), family, None).where(
+                RunRow.gpu_id.in_(gpu_ids), ProblemRow.m == m, ProblemRow.n == n,
+                ProblemRow.k == k, ProblemRow.dtype == dtype, ProblemRow.layout == layout,
+                ProblemRow.general_alpha_beta == general_alpha_beta,
+            ).limit(limit)
+            return [_best_result(session, row, requested, "exact", 0.0)
+                    for row in session.execute(query)]
+
+    def top_k_for_run(self, run_id: int, limit: int = 10) -> list[BestResult]:
+        """The `limit` fastest verified trials of one run, best first."""
+        _, limit = validate.paging(0, limit)
+        with self._reading() as session:
+            run = self._run_row(session, run_id)
+            shape = (run.problem.m, run.problem.n, run.problem.k)
+            query = _ok_trials().where(TrialRow.run_id == run_id).limit(limit)
+            return [_best_result(session, row, shape, "exact", 0.0)
+                    for row in session.execute(query)]
+
+    def nearest_problems(self, gpu: str, m: int, n: int, k: int, limit: int = 5, *,
+                         family: str | None = None, dtype: str = "fp32",
+                         layout: str = "row-major",
+                         general_alpha_beta: bool = True) -> list[NearestProblem]:
+        """Problems tuned on this gpu (≥ 1 ok trial), closest to (m, n, k) first.
+
+        distance = sqrt((log2 M - log2 m)² + (log2 N - log2 n)² + (log2 K - log2 k)²), see
+        log2_distance; ties go to the smaller shape. The exact problem, if tuned, comes first
+        with distance 0.
+        """
+        requested = validate.shape(m, n, k)
+        validate.problem_kind(dtype, layout, general_alpha_beta)
+        _, limit = validate.paging(0, limit)
+        with self._reading() as session:
+            gpu_ids = self._gpu_ids(session, gpu)
+            return self._tuned_problems(session, gpu_ids, requested, family, None, dtype,
+                                        layout, general_alpha_beta)[:limit]
+
+    def latest_baseline(self, gpu_id: int, problem_id: int,
+                        library: str = "cublas") -> Baseline | None:
+        with self._reading() as session:
+            row = _latest_baseline(session, gpu_id, problem_id, library)
+            return None if row is None else convert.baseline(row)
+
+    @staticmethod
+    def _tuned_problems(session: Session, gpu_ids: Sequence[int], requested: tuple[int, int, int],
+                        family: str | None, source_hash: str | None, dtype: str, layout: str,
+                        general_alpha_beta: bool) -> list[NearestProblem]:
+        query = _family_filter(
+            select(ProblemRow, func.max(TrialRow.gflops), func.count(TrialRow.id))
+            .join(RunRow, RunRow.problem_id == ProblemRow.id)
+            .join(TrialRow, TrialRow.run_id == RunRow.id)
+            .join(FamilyRow, RunRow.family_id == FamilyRow.id)
+            .where(TrialRow.state == "ok", RunRow.gpu_id.in_(gpu_ids),
+                   ProblemRow.dtype == dtype, ProblemRow.layout == layout,
+                   ProblemRow.general_alpha_beta == general_alpha_beta)
+            .group_by(ProblemRow.id),
+            family, source_hash,
+        )
+        # Few tuned shapes per GPU: rank in Python, where log2 is the same on every backend.
+        found = [
+            NearestProblem(problem=convert.problem(p), best_gflops=float(best), n_ok=int(count),
+                           distance=log2_distance((p.m, p.n, p.k), requested))
+            for p, best, count in session.execute(query)
+        ]
+        found.sort(key=lambda c: (c.distance, c.problem.m * c.problem.n * c.problem.k,
+                                  c.problem.m, c.problem.n, c.problem.id))
+        return found
+
+
+def _latest_baseline(session: Session, gpu_id: int, problem_id: int,
+                     library: str = "cublas") -> BaselineRow | None:
+    return session.scalar(
+        select(BaselineRow)
+        .where(BaselineRow.gpu_id == gpu_id, BaselineRow.problem_id == problem_id,
+               BaselineRow.library == library)
+        .order_by(BaselineRow.measured_at.desc(), BaselineRow.id.desc())
+        .limit(1)
+    )
+
+
+def _best_result(session: Session, row: Any, requested: tuple[int, int, int],
+                 match: str, distance: float) -> BestResult:
+    trial, run, gpu, problem, family = row
+    baseline = _latest_baseline(session, gpu.id, problem.id)
+    baseline_gflops = None if baseline is None else baseline.gflops
+    return BestResult(
+        match=match,  # type: ignore[arg-type]
+        distance=distance, requested=requested, problem=convert.problem(problem),
+        gpu_id=gpu.id, gpu_name=gpu.name, gpu_uuid=gpu.uuid, family=family.name,
+        source_hash=family.source_hash, run_id=run.id, trial_id=trial.id,
+        trial_number=trial.number, params=dict(trial.params), gflops=trial.gflops,
+        time_median_ms=trial.time_median_ms, occupancy=trial.occupancy,
+        registers=trial.registers, shared_bytes=trial.shared_bytes,
+        spill_bytes=trial.spill_bytes, baseline_gflops=baseline_gflops,
+        fraction_of_cublas=None if baseline_gflops is None else trial.gflops / baseline_gflops,
+    )

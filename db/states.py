@@ -1,0 +1,23 @@
+"""The closed vocabularies of trial and run states (ARCHITECTURE.md, "Names that carry through")."""
+
+from __future__ import annotations
+
+TRIAL_STATES: tuple[str, ...] = (
+    "ok",  # verified against the float64 reference and timed
+    "rejected",  # the family's constraints refused the config before compiling
+    "compile_error",
+    "launch_error",
+    "wrong_result",  # ran, but failed verification
+    "timeout",
+    "crashed",  # the evaluator's child process died
+    "missing",  # replay: the config is absent from the recording
+)
+
+RUN_STATES: tuple[str, ...] = ("running", "finished", "interrupted", "failed")
+
+# A run leaves "running" once, for one of these.
+END_STATES: tuple[str, ...] = tuple(s for s in RUN_STATES if s != "running")
+
+# Problem vocabularies the kernels implement today; a typo ("float32") is refused, not stored.
+DTYPES: tuple[str, ...] = ("fp32",)
+LAYOUTS: tuple[str, ...] = ("row-major",)
