@@ -1,0 +1,252 @@
+"""The API's reads: `db.Database` calls turned into response models.
+
+This is the only module that calls the database; routes and pages go through it, so the API never
+builds SQL and each question the dashboard asks is answered in one place.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import db
+import kernels
+
+from . import schemas as s
+from .errors import ApiError, not_found
+
+MAX_DIM = 1 << 20  # per dimension; larger shapes are refused with a 422
+PAGE_MAX = 1000  # most trials one page returns
+EXPORT_PAGE = 1000  # page size the exports read with
+
+
+# --- conversions --------------------------------------------------------------------------------
+
+
+def gpu_out(g: db.Gpu) -> s.GpuOut:
+    return s.GpuOut(
+        id=g.id, name=g.name, uuid=g.uuid, compute_capability=g.compute_capability, sm_count=g.sm_count,
+        memory_bytes=g.memory_bytes, max_sm_clock_mhz=g.max_sm_clock_mhz, driver_version=g.driver_version,
+        cuda_version=g.cuda_version, nvrtc_version=g.nvrtc_version,
+    )  # fmt: skip
+
+
+def problem_out(p: db.Problem) -> s.ProblemOut:
+    return s.ProblemOut(
+        id=p.id, m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout=p.layout, general_alpha_beta=p.general_alpha_beta
+    )
+
+
+def kernel_out(f: kernels.Family) -> s.KernelOut:
+    size = 1
+    for p in f.params:
+        size *= len(p.values)
+    return s.KernelOut(
+        name=f.name, rung=f.rung, description=f.description, source_hash=f.source_hash,
+        params=[s.ParamOut(name=p.name, values=list(p.values), doc=p.doc) for p in f.params], space_size=size,
+    )  # fmt: skip
+
+
+def fraction(gflops: float | None, baseline: float | None) -> float | None:
+    return gflops / baseline if gflops is not None and baseline else None
+
+
+def best_config(b: db.BestResult) -> s.BestConfig:
+    return s.BestConfig(
+        family=b.family, source_hash=b.source_hash, config=dict(b.params), gflops=b.gflops,
+        time_median_ms=b.time_median_ms, cublas_gflops=b.baseline_gflops, fraction_of_cublas=b.fraction_of_cublas,
+        occupancy=b.occupancy, registers=b.registers, run_id=b.run_id, trial_number=b.trial_number,
+        problem=problem_out(b.problem),
+    )  # fmt: skip
+
+
+def trial_out(t: db.Trial, baseline_gflops: float | None) -> s.TrialOut:
+    return s.TrialOut(
+        number=t.number, params=dict(t.params), state=t.state, error=t.error, compile_seconds=t.compile_seconds,
+        registers=t.registers, shared_bytes=t.shared_bytes, spill_bytes=t.spill_bytes, occupancy=t.occupancy,
+        time_min_ms=t.time_min_ms, time_median_ms=t.time_median_ms, time_max_ms=t.time_max_ms,
+        launches=t.launches, gflops=t.gflops, sm_clock_mhz=t.sm_clock_mhz,
+        fraction_of_cublas=fraction(t.gflops, baseline_gflops), started_at=t.started_at, recorded_at=t.recorded_at,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """Trials that failed the same way: one row of the run page's failure breakdown."""
+
+    state: str
+    error: str
+    count: int
+    trial_numbers: list[int]
+
+
+class Reads:
+    """Read-only questions the API and the dashboard ask of one database."""
+
+    def __init__(self, database: db.Database) -> None:
+        self.db = database
+
+    # --- names -------------------------------------------------------------------------------
+
+    def gpus(self) -> list[s.GpuOut]:
+        return [gpu_out(g) for g in self.db.list_gpus()]
+
+    def resolve_gpu(self, gpu: str) -> list[db.Gpu]:
+        """The GPUs a name or UUID names; 404 listing the known ones when there is none."""
+        found = self.db.find_gpus(gpu)
+        if not found:
+            known = self.db.list_gpus()
+            listing = ", ".join(f"{g.name} ({g.uuid})" for g in known) or "(none recorded yet)"
+            allowed = sorted({g.name for g in known}) + sorted(g.uuid for g in known)
+            raise ApiError(404, f"unknown GPU {gpu!r}; known GPUs (name or UUID): {listing}", allowed)
+        return found
+
+    def kernel_names(self) -> list[str]:
+        """Families the code knows, then any older ones only the database remembers."""
+        names = list(kernels.FAMILIES)
+        names += sorted({f.name for f in self.db.list_families()} - set(names))
+        return names
+
+    def check_kernel(self, kernel: str) -> str:
+        names = self.kernel_names()
+        for name in names:
+            if name.lower() == kernel.lower():
+                return name
+        raise not_found("kernel family", kernel, names)
+
+    def kernels(self) -> list[s.KernelOut]:
+        return [kernel_out(f) for f in kernels.FAMILIES.values()]
+
+    def problems(self) -> list[s.ProblemOut]:
+        return [problem_out(p) for p in self.db.list_problems()]
+
+    def problem(self, problem_id: int) -> db.Problem:
+        for p in self.db.list_problems():
+            if p.id == problem_id:
+                return p
+        raise ApiError(404, f"unknown problem id {problem_id}; see /api/problems for the known ones")
+
+    # --- best -------------------------------------------------------------------------------
+
+    def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True) -> s.BestOut:
+        gpus = self.resolve_gpu(gpu)
+        family = self.check_kernel(kernel) if kernel is not None else None
+        found = self.db.best(gpu, m, n, k, family=family, nearest=nearest)
+        requested = s.Shape(m=m, n=n, k=k)
+        if found is None:
+            return s.BestOut(match="none", gpu=gpus[0].name, requested=requested, kernel=family)
+        p = found.problem
+        return s.BestOut(
+            match=found.match, gpu=found.gpu_name, requested=requested, shape=s.Shape(m=p.m, n=p.n, k=p.k),
+            distance=found.distance, kernel=family, best=best_config(found),
+        )  # fmt: skip
+
+    # --- runs -------------------------------------------------------------------------------
+
+    def _baseline(self, run: db.Run) -> float | None:
+        b = self.db.latest_baseline(run.gpu_id, run.problem.id)
+        return b.gflops if b else None
+
+    def run_out(self, run: db.Run, *, with_counts: bool) -> s.RunOut:
+        baseline = self._baseline(run)
+        return s.RunOut(
+            id=run.id, state=run.state, gpu=run.gpu_name, gpu_uuid=run.gpu_uuid, family=run.family,
+            source_hash=run.source_hash, problem=problem_out(run.problem), sampler=run.sampler, seed=run.seed,
+            budget=dict(run.budget), host=run.host, command=run.command, study_name=run.study_name,
+            started_at=run.started_at, ended_at=run.ended_at, n_trials=run.n_trials, n_ok=run.n_ok,
+            state_counts=self.db.count_trials(run.id) if with_counts else None,
+            best_gflops=run.best_gflops, cublas_gflops=baseline, fraction_of_cublas=fraction(run.best_gflops, baseline),
+        )  # fmt: skip
+
+    def get_run(self, run_id: int) -> db.Run:
+        try:
+            return self.db.get_run(run_id)
+        except db.UnknownRunError:
+            raise ApiError(404, f"unknown run id {run_id}; see /api/runs for the known ones") from None
+
+    def runs(
+        self, *, gpu: str | None, kernel: str | None, state: str | None, problem_id: int | None, offset: int, limit: int
+    ) -> list[s.RunOut]:
+        if gpu is not None:
+            self.resolve_gpu(gpu)
+        family = self.check_kernel(kernel) if kernel is not None else None
+        found = self.db.list_runs(gpu=gpu, problem_id=problem_id, family=family, state=state, offset=offset, limit=limit)
+        return [self.run_out(r, with_counts=False) for r in found]
+
+    def run(self, run_id: int) -> s.RunOut:
+        return self.run_out(self.get_run(run_id), with_counts=True)
+
+    def trial_page(self, run_id: int, state: str | None, offset: int, limit: int) -> s.TrialPage:
+        run = self.get_run(run_id)
+        counts = self.db.count_trials(run_id)
+        total = counts.get(state, 0) if state else sum(counts.values())
+        baseline = self._baseline(run)
+        items = [trial_out(t, baseline) for t in self.db.trials(run_id, state=state, offset=offset, limit=limit)]
+        return s.TrialPage(run_id=run_id, state=state, total=total, offset=offset, limit=limit, items=items)
+
+    def all_trials(self, run_id: int, state: str | None = None) -> Iterator[s.TrialOut]:
+        """Every trial of a run, read page by page so an export never holds a huge query open."""
+        run = self.get_run(run_id)
+        baseline = self._baseline(run)
+        offset = 0
+        while True:
+            page = self.db.trials(run_id, state=state, offset=offset, limit=EXPORT_PAGE)
+            yield from (trial_out(t, baseline) for t in page)
+            if len(page) < EXPORT_PAGE:
+                return
+            offset += EXPORT_PAGE
+
+    def param_names(self, run_id: int) -> list[str]:
+        """The run's family parameters in declaration order; stored names for families the code lost."""
+        family = self.get_run(run_id).family
+        if family in kernels.FAMILIES:
+            return [p.name for p in kernels.FAMILIES[family].params]
+        first = next(iter(self.db.trials(run_id, limit=1)), None)
+        return sorted(first.params) if first else []
+
+    def top_configs(self, run_id: int, limit: int = 10) -> list[s.BestConfig]:
+        return [best_config(b) for b in self.db.top_k_for_run(run_id, limit=limit)]
+
+    def failures(self, run_id: int) -> list[FailureGroup]:
+        """Non-ok trials grouped by state and the first line of their error, most frequent first."""
+        groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for t in self.all_trials(run_id):
+            if t.state != "ok":
+                first_line = (t.error or "").strip().splitlines()[0] if (t.error or "").strip() else "(no message)"
+                groups[(t.state, first_line)].append(t.number)
+        rows = [FailureGroup(st, err, len(nums), nums) for (st, err), nums in groups.items()]
+        return sorted(rows, key=lambda g: (-g.count, g.state, g.error))
+
+    # --- overview and problem comparison ---------------------------------------------------------
+
+    def overview(self) -> list[s.OverviewCellOut]:
+        return [
+            s.OverviewCellOut(
+                gpu=c.gpu_name, problem=problem_out(c.problem), best_gflops=c.best_gflops,
+                fraction_of_cublas=c.fraction_of_cublas, family=c.family, run_id=c.run_id,
+            )  # fmt: skip
+            for c in self.db.overview()
+        ]
+
+    def compare_families(self, problem_id: int, gpu: str) -> s.FamilyComparison:
+        """Each family's best on one problem and GPU, against the cuBLAS baseline."""
+        gpus = self.resolve_gpu(gpu)
+        p = self.problem(problem_id)
+        rows = []
+        for family in self.kernel_names():
+            top = self.db.top_k(
+                gpu, p.m, p.n, p.k, family=family, limit=1,
+                dtype=p.dtype, layout=p.layout, general_alpha_beta=p.general_alpha_beta,
+            )  # fmt: skip
+            if top:
+                rows.append(best_config(top[0]))
+        rows.sort(key=lambda r: -r.gflops)
+        baselines = [b for g in gpus if (b := self.db.latest_baseline(g.id, p.id)) is not None]
+        cublas = max((b.gflops for b in baselines), default=None)
+        runs = self.db.list_runs(gpu=gpu, problem_id=problem_id, limit=200)
+        return s.FamilyComparison(
+            gpu=gpus[0].name, problem=problem_out(p), cublas_gflops=cublas, families=rows,
+            runs=[self.run_out(r, with_counts=False) for r in runs],
+        )  # fmt: skip
+

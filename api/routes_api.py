@@ -1,0 +1,169 @@
+"""JSON routes under /api. Read-only: none of them writes, so none needs the write token."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from enum import StrEnum
+from typing import Annotated
+
+import db
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from . import schemas as s
+from .reads import MAX_DIM, PAGE_MAX, Reads
+
+# Enums (rather than plain strings) so the OpenAPI schema lists the allowed values and a bad one
+# is answered with a 422 that names them all.
+TrialState = StrEnum("TrialState", {v: v for v in db.TRIAL_STATES})
+RunState = StrEnum("RunState", {v: v for v in db.RUN_STATES})
+
+
+class ExportFormat(StrEnum):
+    csv = "csv"
+    json = "json"
+
+
+ERRORS = {
+    404: {"model": s.ErrorOut, "description": "Unknown GPU, kernel family, run or problem (the known ones listed)."},
+    422: {"model": s.ErrorOut, "description": "A parameter is missing, not an integer, or out of range."},
+}
+
+# Names may be looked up in PostgreSQL, which refuses NUL; no real name holds control characters.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+DIM_DOC = f"positive integer, at most {MAX_DIM} (1<<20)"
+ID_MAX = 2**63 - 1  # SQL BIGINT; larger ids cannot exist and would overflow the driver
+
+Gpu = Annotated[str, Query(min_length=1, max_length=200, pattern=NAME_PATTERN, description="GPU name or UUID, case-insensitive.")]
+Kernel = Annotated[str | None, Query(min_length=1, max_length=100, pattern=NAME_PATTERN, description="Kernel family name.")]
+Dim = Annotated[int, Query(ge=1, le=MAX_DIM, description=DIM_DOC)]
+RunId = Annotated[int, Path(ge=1, le=ID_MAX, description="Run id.")]
+Offset = Annotated[int, Query(ge=0, le=ID_MAX)]
+
+
+def reads(request: Request) -> Reads:
+    return request.app.state.reads
+
+
+Db = Annotated[Reads, Depends(reads)]
+
+router = APIRouter(prefix="/api", tags=["results"], responses=ERRORS)
+
+
+@router.get("/gpus", response_model=list[s.GpuOut], summary="GPUs with recorded results")
+def list_gpus(r: Db) -> list[s.GpuOut]:
+    return r.gpus()
+
+
+@router.get("/kernels", response_model=list[s.KernelOut], summary="Kernel families and their parameter spaces")
+def list_kernels(r: Db) -> list[s.KernelOut]:
+    return r.kernels()
+
+
+@router.get("/problems", response_model=list[s.ProblemOut], summary="Problem shapes with recorded runs")
+def list_problems(r: Db) -> list[s.ProblemOut]:
+    return r.problems()
+
+
+@router.get(
+    "/best",
+    response_model=s.BestOut,
+    summary="Best verified config for a GPU and shape",
+    description="The fastest verified (`ok`) config for this GPU and shape. When the shape was never tuned, "
+    "the best config of the nearest tuned shape (log2 distance) on the same GPU, `match: nearest`; "
+    "`match: none` when nothing was tuned on that GPU.",
+)
+def best(r: Db, gpu: Gpu, m: Dim, n: Dim, k: Dim, kernel: Kernel = None, nearest: bool = True) -> s.BestOut:
+    return r.best(gpu, m, n, k, kernel, nearest)
+
+
+@router.get("/overview", response_model=list[s.OverviewCellOut], summary="Best per GPU and problem")
+def overview(r: Db) -> list[s.OverviewCellOut]:
+    return r.overview()
+
+
+@router.get(
+    "/problems/{problem_id}/families",
+    response_model=s.FamilyComparison,
+    summary="Families compared on one problem and GPU, with the cuBLAS baseline",
+)
+def compare_families(
+    r: Db, gpu: Gpu, problem_id: Annotated[int, Path(ge=1, le=ID_MAX)]
+) -> s.FamilyComparison:
+    return r.compare_families(problem_id, gpu)
+
+
+@router.get("/runs", response_model=list[s.RunOut], summary="Tuning runs, newest first")
+def list_runs(
+    r: Db,
+    gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
+    kernel: Kernel = None,
+    state: RunState | None = None,
+    problem_id: Annotated[int | None, Query(ge=1, le=ID_MAX)] = None,
+    offset: Offset = 0,
+    limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+) -> list[s.RunOut]:
+    return r.runs(
+        gpu=gpu, kernel=kernel, state=state.value if state else None, problem_id=problem_id, offset=offset, limit=limit
+    )
+
+
+@router.get("/runs/{run_id}", response_model=s.RunOut, summary="One run, with trial counts per state")
+def get_run(r: Db, run_id: RunId) -> s.RunOut:
+    return r.run(run_id)
+
+
+@router.get("/runs/{run_id}/trials", response_model=s.TrialPage, summary="A run's trials, paged, in trial order")
+def run_trials(
+    r: Db,
+    run_id: RunId,
+    state: TrialState | None = None,
+    offset: Offset = 0,
+    limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 100,
+) -> s.TrialPage:
+    return r.trial_page(run_id, state.value if state else None, offset, limit)
+
+
+@router.get(
+    "/runs/{run_id}/trials/export",
+    summary="All of a run's trials as a CSV or JSON file",
+    responses={200: {"content": {"text/csv": {}, "application/json": {}}}},
+)
+def export_trials(
+    r: Db, run_id: RunId, format: ExportFormat = ExportFormat.csv, state: TrialState | None = None
+) -> StreamingResponse:
+    r.get_run(run_id)  # a 404 now, before the streamed 200 starts
+    rows = r.all_trials(run_id, state.value if state else None)
+    name = f"run-{run_id}-trials.{format.value}"
+    headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+    if format is ExportFormat.json:
+        return StreamingResponse(_json_lines(rows), media_type="application/json", headers=headers)
+    param_names = r.param_names(run_id)
+    return StreamingResponse(_csv_rows(rows, param_names), media_type="text/csv", headers=headers)
+
+
+CSV_FIELDS = [f for f in s.TrialOut.model_fields if f != "params"]
+
+
+def _csv_rows(trials: Iterator[s.TrialOut], param_names: list[str]) -> Iterator[str]:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(CSV_FIELDS + param_names)
+    for t in trials:
+        row = t.model_dump(mode="json")
+        writer.writerow([row[f] for f in CSV_FIELDS] + [t.params.get(p) for p in param_names])
+        yield buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+    yield buf.getvalue()
+
+
+def _json_lines(trials: Iterator[s.TrialOut]) -> Iterator[str]:
+    """A JSON array, written one trial at a time."""
+    yield "["
+    for i, t in enumerate(trials):
+        yield ("," if i else "") + json.dumps(t.model_dump(mode="json"))
+    yield "]"

@@ -1,0 +1,99 @@
+"""Dashboard pages: server-rendered HTML; the plots are drawn in the browser from the JSON API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from .assets import TEMPLATE_DIR
+from .reads import Reads
+from .routes_api import ID_MAX, NAME_PATTERN
+
+templates = Jinja2Templates(directory=TEMPLATE_DIR)
+router = APIRouter(include_in_schema=False)
+RECENT_RUNS = 50
+
+
+def fmt_gflops(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:,.1f}"
+
+
+def fmt_fraction(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def fmt_time(v: datetime | None) -> str:
+    return "–" if v is None else v.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "–"
+    secs = int((end - start).total_seconds())
+    h, rest = divmod(secs, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def shape(p) -> str:
+    return f"{p.m}×{p.n}×{p.k}"
+
+
+templates.env.filters.update(gflops=fmt_gflops, fraction=fmt_fraction, time=fmt_time, shape=shape)
+templates.env.globals.update(duration=fmt_duration)
+
+
+def render(request: Request, name: str, status_code: int = 200, **context) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def _reads(request: Request) -> Reads:
+    return request.app.state.reads
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> HTMLResponse:
+    r = _reads(request)
+    cells = r.overview()
+    gpus = sorted({c.gpu for c in cells})
+    problems = sorted({c.problem.id: c.problem for c in cells}.values(), key=lambda p: (p.m, p.n, p.k))
+    grid = {(c.gpu, c.problem.id): c for c in cells}
+    runs = r.runs(gpu=None, kernel=None, state=None, problem_id=None, offset=0, limit=RECENT_RUNS)
+    return render(
+        request, "overview.html", gpus=gpus, problems=problems, grid=grid, runs=runs,
+        any_running=any(run.state == "running" for run in runs), n_gpus=len(r.gpus()), n_problems=len(r.problems()),
+    )  # fmt: skip
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: Annotated[int, Path(ge=1, le=ID_MAX)]) -> HTMLResponse:
+    r = _reads(request)
+    run = r.run(run_id)
+    return render(
+        request, "run.html", run=run, top=r.top_configs(run_id, limit=10), failures=r.failures(run_id),
+        param_names=r.param_names(run_id),
+    )  # fmt: skip
+
+
+@router.get("/problems/{problem_id}", response_class=HTMLResponse)
+def problem_page(
+    request: Request,
+    problem_id: Annotated[int, Path(ge=1, le=ID_MAX)],
+    gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
+) -> HTMLResponse:
+    r = _reads(request)
+    problem = r.problem(problem_id)
+    gpus_with_runs = sorted({run.gpu for run in r.runs(gpu=None, kernel=None, state=None, problem_id=problem_id,
+                                                       offset=0, limit=1000)})  # fmt: skip
+    if gpu is None:
+        if len(gpus_with_runs) != 1:
+            return render(request, "problem_pick_gpu.html", problem=problem, gpus=gpus_with_runs)
+        gpu = gpus_with_runs[0]
+    comparison = r.compare_families(problem_id, gpu)
+    return render(
+        request, "problem.html", problem=problem, cmp=comparison, cmp_json=comparison.model_dump(mode="json"),
+        gpus=gpus_with_runs,
+    )  # fmt: skip
