@@ -1,0 +1,174 @@
+"""Loading CUBINs and launching them through the CUDA driver API (cuda.bindings.driver)."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+from kernels.space import Config, Family, Launch
+
+# Errors after which the context is unusable; the process must be replaced.
+STICKY_ERRORS = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+}
+
+
+class CudaError(RuntimeError):
+    def __init__(self, what: str, code: Any):
+        self.code_name = getattr(code, "name", str(code))
+        super().__init__(f"{what}: {self.code_name}")
+
+    @property
+    def sticky(self) -> bool:
+        return self.code_name in STICKY_ERRORS
+
+
+def check(result: tuple, what: str):
+    """Unpack a cuda.bindings result tuple, raising CudaError on failure."""
+    from cuda.bindings import driver
+
+    err, *values = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(what, err)
+    return values[0] if len(values) == 1 else (tuple(values) if values else None)
+
+
+_CONTEXTS: dict[int, Any] = {}
+
+
+def use_device(device: int = 0):
+    """Make the device's primary context current (created once per process); returns it."""
+    from cuda.bindings import driver
+
+    if device not in _CONTEXTS:
+        check(driver.cuInit(0), "cuInit")
+        dev = check(driver.cuDeviceGet(device), f"cuDeviceGet({device})")
+        _CONTEXTS[device] = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    check(driver.cuCtxSetCurrent(_CONTEXTS[device]), "cuCtxSetCurrent")
+    return _CONTEXTS[device]
+
+
+def device_arch(device: int = 0) -> str:
+    from cuda.bindings import driver
+
+    use_device(device)
+    attr = driver.CUdevice_attribute
+    major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
+    minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
+    return f"sm_{major}{minor}"
+
+
+class LoadedKernel:
+    """A family's CUBIN loaded into the current context, ready to run its launch sequence."""
+
+    def __init__(self, cubin: bytes, launches: Sequence[Launch]):
+        from cuda.bindings import driver
+
+        self.launches = list(launches)
+        self.module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.functions = {}
+        for launch in self.launches:
+            if launch.kernel in self.functions:
+                continue
+            fn = check(driver.cuModuleGetFunction(self.module, launch.kernel.encode()),
+                       f"cuModuleGetFunction({launch.kernel})")
+            self.functions[launch.kernel] = fn
+        for launch in self.launches:
+            if launch.shared_bytes > 48 * 1024:  # past 48 KiB a kernel must opt in
+                check(driver.cuFuncSetAttribute(
+                    self.functions[launch.kernel],
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    launch.shared_bytes), "cuFuncSetAttribute(max dynamic shared)")
+
+    def launch(self, m: int, n: int, k: int, alpha: float, a: int, lda: int, b: int, ldb: int,
+               beta: float, c: int, ldc: int, workspace: int = 0, stream: Any = 0) -> None:
+        from cuda.bindings import driver
+
+        args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace)
+        types = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                 ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+        for launch in self.launches:
+            check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
+                                        launch.shared_bytes, stream, (args, types), 0),
+                  f"cuLaunchKernel({launch.kernel})")
+
+    def unload(self) -> None:
+        from cuda.bindings import driver
+
+        if self.module is not None:
+            driver.cuModuleUnload(self.module)
+            self.module = None
+
+
+def device_pointer(x: Any, name: str) -> int:
+    """A device address from a raw pointer or anything with __cuda_array_interface__."""
+    if isinstance(x, int):
+        return x
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"{name} must be a device pointer (int) or have __cuda_array_interface__, got {type(x).__name__}")
+    if cai.get("typestr") not in ("<f4", "=f4", "f4"):
+        raise TypeError(f"{name} must hold float32 data, got typestr {cai.get('typestr')!r}")
+    if cai.get("strides") not in (None,) and len(cai["shape"]) == 2 and cai["strides"][1] != 4:
+        raise ValueError(f"{name} must be row-major (unit stride along columns)")
+    return int(cai["data"][0])
+
+
+def _leading_dim(x: Any, default: int) -> int:
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai and cai.get("strides") and len(cai["shape"]) == 2:
+        return cai["strides"][0] // 4
+    return default
+
+
+def _stream_handle(stream: Any) -> int:
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch.cuda.Stream / cupy.cuda.Stream
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"stream must be an int handle or a CuPy/PyTorch stream, got {type(stream).__name__}")
+
+
+_LOADED: dict[tuple, LoadedKernel] = {}
+_WORKSPACE: dict[int, tuple[int, int]] = {}
+
+
+def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n: int, k: int,
+         alpha: float = 1.0, beta: float = 0.0, *, stream: Any = 0, device: int = 0) -> None:
+    """C = alpha*A*B + beta*C on the GPU with one family and config (asynchronous on `stream`).
+
+    a, b, c: row-major float32 device data (CuPy/PyTorch arrays, or raw pointers with
+    lda=k, ldb=n, ldc=n). The CUBIN is compiled (or taken from the cache) on first use.
+    """
+    from cuda.bindings import driver
+
+    from kernels import get_family
+    from kernels.compiler import compile_config
+
+    fam = get_family(family) if isinstance(family, str) else family
+    launches = fam.launches(config, m, n, k)
+    pa, pb, pc = device_pointer(a, "a"), device_pointer(b, "b"), device_pointer(c, "c")
+    use_device(device)
+    arch = device_arch(device)
+    key = (device, fam.name, tuple(sorted(config.items())), arch)
+    if key not in _LOADED:
+        compiled = compile_config(fam, config, arch)
+        _LOADED[key] = LoadedKernel(compiled.cubin, launches)
+    kernel = _LOADED[key]
+    kernel.launches = launches  # geometry depends on the shape
+    workspace = 0
+    need = fam.workspace_bytes(config, m, n, k)
+    if need:
+        ptr, size = _WORKSPACE.get(device, (0, 0))
+        if size < need:
+            if ptr:
+                check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+                check(driver.cuMemFree(ptr), "cuMemFree")
+            ptr = int(check(driver.cuMemAlloc(need), "cuMemAlloc(workspace)"))
+            _WORKSPACE[device] = (ptr, need)
+        workspace = ptr
+    kernel.launch(m, n, k, alpha, pa, _leading_dim(a, k), pb, _leading_dim(b, n), beta, pc,
+                  _leading_dim(c, n), workspace, _stream_handle(stream))

@@ -1,0 +1,97 @@
+"""Every family on a real GPU: random accepted configs on awkward shapes, against float64.
+
+Run on the GPU host: python -m pytest -m gpu tests/test_kernels_gpu.py
+"""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import FAMILIES, compile_config, get_family, occupancy
+
+pytestmark = pytest.mark.gpu
+
+# 1x1x1, primes, K = 1, tall-skinny, non-multiples of 4 / 32 / any tile, and one aligned shape.
+SHAPES = [(1, 1, 1), (7, 13, 5), (1, 97, 1), (33, 65, 1), (127, 131, 257), (2048, 3, 100),
+          (3, 1000, 515), (1023, 1025, 999), (256, 256, 256)]
+CONFIGS_PER_FAMILY = 6
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from tuner.gpu import GpuBench
+
+    return GpuBench(0)
+
+
+def _compile(args):
+    name, config, arch = args
+    return compile_config(get_family(name), config, arch)
+
+
+@pytest.fixture(scope="module")
+def compiled(bench):
+    arch = bench.arch()
+    jobs = []
+    for fam in FAMILIES.values():
+        for config in fam.sample_accepted(CONFIGS_PER_FAMILY, seed=random.randrange(1 << 30), arch=arch):
+            jobs.append((fam.name, config, arch))
+    with ProcessPoolExecutor() as pool:
+        return list(zip(jobs, pool.map(_compile, jobs)))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_family_matches_float64(bench, compiled, shape):
+    m, n, k = shape
+    bench.set_problem(m, n, k, seed=random.randrange(1 << 30))
+    failures = []
+    for (name, config, _), ck in compiled:
+        fam = get_family(name)
+        r = bench.evaluate(ck.cubin, fam.launches(config, m, n, k), fam.workspace_bytes(config, m, n, k),
+                           fam.flops(m, n, k))
+        if r["state"] != "ok":
+            failures.append(f"{name} {config}: {r['state']} {r['error']}")
+    assert not failures, "\n".join(failures)
+
+
+def test_occupancy_matches_driver(bench, compiled):
+    from cuda.bindings import driver
+
+    from kernels.runtime import LoadedKernel, check
+
+    arch = bench.arch()
+    for (name, config, _), ck in compiled:
+        fam = get_family(name)
+        launch = fam.launches(config, 512, 512, 512)[0]
+        loaded = LoadedKernel(ck.cubin, [launch])
+        try:
+            ours = occupancy(arch, launch.block[0], ck.main.registers,
+                             ck.main.shared_static_bytes + launch.shared_bytes)
+            theirs = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                loaded.functions["gemm"], launch.block[0], launch.shared_bytes), "occupancy")
+            assert ours.blocks_per_sm == theirs, (name, config, ck.main, ours)
+        finally:
+            loaded.unload()
+
+
+def test_public_gemm_on_cupy_arrays():
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(1)
+    m, n, k = 300, 257, 129
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    c = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+    fam = get_family("pipelined")
+    config = fam.sample_accepted(1, seed=3)[0]
+    da, db, dc = cp.asarray(a), cp.asarray(b), cp.asarray(c)
+    stream = cp.cuda.Stream(non_blocking=True)
+    kernels.gemm(fam, config, da, db, dc, m, n, k, alpha=0.5, beta=2.0, stream=stream)
+    stream.synchronize()
+    ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) + 2.0 * c
+    from kernels.reference import relative_error, tolerance
+
+    assert relative_error(cp.asnumpy(dc), ref) < tolerance(k)

@@ -1,0 +1,357 @@
+"""In-process GPU measurement: verify a CUBIN against a float64 reference, then time it.
+
+Runs inside the tuner's GPU child process. Family-agnostic: the parent ships a CUBIN and the
+launch list; everything here is driver API calls, cuBLAS (through ctypes) and NumPy.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from kernels import Launch, nvrtc_version
+from kernels.reference import relative_error, tolerance
+from kernels.runtime import CudaError, LoadedKernel, check, device_arch, use_device
+
+L2_FLUSH_FACTOR = 3          # rotate through enough input sets to cover 3x the L2
+MAX_INPUT_SETS = 16
+TIMING_TARGET_S = 0.08       # timed kernel time per candidate
+MIN_REPS, MAX_REPS = 15, 400
+VERIFY_ALPHA_BETA = ((1.25, 0.0), (0.75, -0.5))   # beta = 0 with C poisoned; then a general update
+
+
+class GpuFault(RuntimeError):
+    """A sticky CUDA error: this process's context is dead and the process must be replaced."""
+
+
+def probe() -> str | None:
+    """None if a CUDA driver and GPU are usable here, else the reason they are not."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:
+        return f"cuda-python is not installed ({e})"
+    try:
+        err, = driver.cuInit(0)
+    except Exception as e:  # the bindings raise when libcuda.so itself cannot be loaded
+        return f"no CUDA driver library: {e}"
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return f"no usable CUDA driver or GPU (cuInit: {getattr(err, 'name', err)})"
+    err, count = driver.cuDeviceGetCount()
+    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+        return "the CUDA driver reports no GPU"
+    return None
+
+
+# ---- cuBLAS through ctypes (the GPU host ships it; kept out of the core dependencies) --------
+CUDA_R_32F, CUDA_R_64F = 0, 1
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F = 68, 70
+CUBLAS_OP_N, CUBLAS_GEMM_DEFAULT = 0, -1
+
+
+def _load_cublas() -> ctypes.CDLL:
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:
+        pass
+    for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("cuBLAS not found: install the 'gpu' extra (nvidia-cublas) for the baseline")
+
+
+class Cublas:
+    def __init__(self, stream: int):
+        self.lib = _load_cublas()
+        self.handle = ctypes.c_void_p()
+        self._ok(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self._ok(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)), "cublasSetStream")
+
+    @staticmethod
+    def _ok(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def gemm(self, m: int, n: int, k: int, alpha: float, a: int, b: int, beta: float, c: int,
+             double: bool = False) -> None:
+        """Row-major C = alpha*A*B + beta*C, computed as column-major C^T = B^T A^T.
+        FP32 uses CUBLAS_COMPUTE_32F: no TF32."""
+        scalar = ctypes.c_double if double else ctypes.c_float
+        dtype, compute = (CUDA_R_64F, CUBLAS_COMPUTE_64F) if double else (CUDA_R_32F, CUBLAS_COMPUTE_32F)
+        al, be = scalar(alpha), scalar(beta)
+        self._ok(self.lib.cublasGemmEx(
+            self.handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, ctypes.byref(al),
+            ctypes.c_void_p(b), dtype, n, ctypes.c_void_p(a), dtype, k, ctypes.byref(be),
+            ctypes.c_void_p(c), dtype, n, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+
+
+# ---- SM clock through NVML, when the host has it ------------------------------------------------
+class SmClock:
+    def __init__(self, device: int):
+        self.handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+        except Exception:
+            self.nvml = None
+
+    def mhz(self) -> int | None:
+        if self.handle is None:
+            return None
+        try:
+            return int(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
+    def driver_version(self) -> str | None:
+        if self.handle is None:
+            return None
+        v = self.nvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass
+class Timing:
+    times_ms: list[float]
+    sm_clock_mhz: int | None
+
+    def summary(self, flops: int) -> dict:
+        med = statistics.median(self.times_ms)
+        return {"time_min_ms": min(self.times_ms), "time_median_ms": med, "time_max_ms": max(self.times_ms),
+                "launches": len(self.times_ms), "gflops": flops / (med * 1e-3) / 1e9,
+                "sm_clock_mhz": self.sm_clock_mhz}
+
+
+class DeviceBuffer:
+    def __init__(self, nbytes: int):
+        from cuda.bindings import driver
+
+        self.nbytes = nbytes
+        self.ptr = int(check(driver.cuMemAlloc(max(nbytes, 4)), f"cuMemAlloc({nbytes})"))
+
+    def upload(self, host: np.ndarray) -> None:
+        from cuda.bindings import driver
+
+        host = np.ascontiguousarray(host)
+        check(driver.cuMemcpyHtoD(self.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+
+    def download(self, host: np.ndarray) -> np.ndarray:
+        from cuda.bindings import driver
+
+        check(driver.cuMemcpyDtoH(host.ctypes.data, self.ptr, host.nbytes), "cuMemcpyDtoH")
+        return host
+
+    def free(self) -> None:
+        from cuda.bindings import driver
+
+        if self.ptr:
+            driver.cuMemFree(self.ptr)
+            self.ptr = 0
+
+
+class GpuBench:
+    """One per GPU child process. set_problem, then baseline/evaluate any number of candidates."""
+
+    def __init__(self, device: int = 0):
+        from cuda.bindings import driver
+
+        reason = probe()
+        if reason:
+            raise RuntimeError(reason)
+        self.device = device
+        use_device(device)
+        self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
+        self.start, self.stop = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+        self.clock = SmClock(device)
+        self.cublas = Cublas(int(self.stream))
+        self.buffers: list[DeviceBuffer] = []
+        self.sets: list[tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = []
+        self.problem: tuple[int, int, int] | None = None
+
+    # ---- identity ---------------------------------------------------------------------------
+    def arch(self) -> str:
+        return device_arch(self.device)
+
+    def info(self) -> dict:
+        from cuda.bindings import driver
+
+        attr = driver.CUdevice_attribute
+        dev = self.device
+
+        def get(a):
+            return check(driver.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute")
+
+        name = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+        uuid = check(driver.cuDeviceGetUuid(dev), "cuDeviceGetUuid").bytes
+        h = bytes(uuid).hex()
+        cuda = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+        return {
+            "name": name.split(b"\0")[0].decode(),
+            "uuid": f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}",
+            "compute_capability": f"{get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)}."
+                                  f"{get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)}",
+            "sm_count": get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            "memory_bytes": int(check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+            "max_sm_clock_mhz": get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE) // 1000,
+            "driver_version": self.clock.driver_version() or _driver_version_from_proc(),
+            "cuda_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "nvrtc_version": nvrtc_version(),
+        }
+
+    def l2_bytes(self) -> int:
+        from cuda.bindings import driver
+
+        return check(driver.cuDeviceGetAttribute(driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+                                                 self.device), "L2 size")
+
+    # ---- problem ----------------------------------------------------------------------------
+    def set_problem(self, m: int, n: int, k: int, seed: int = 0) -> None:
+        """Random inputs in rotating sets (so small problems are not timed out of L2) and the
+        float64 reference of set 0, computed by cuBLAS DGEMM on the GPU."""
+        self._free()
+        rng = np.random.default_rng(seed)
+        set_bytes = 4 * (m * k + k * n + m * n)
+        count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_FACTOR * self.l2_bytes() / set_bytes)))
+        self.host_a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        self.host_b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        self.host_c0 = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+        for i in range(count):
+            a, b, c = DeviceBuffer(4 * m * k), DeviceBuffer(4 * k * n), DeviceBuffer(4 * m * n)
+            if i == 0:
+                a.upload(self.host_a)
+                b.upload(self.host_b)
+            else:
+                a.upload(rng.uniform(-1, 1, (m, k)).astype(np.float32))
+                b.upload(rng.uniform(-1, 1, (k, n)).astype(np.float32))
+            self.sets.append((a, b, c))
+        self.ref_ab = self._reference(m, n, k)
+        self.problem = (m, n, k)
+
+    def _reference(self, m: int, n: int, k: int) -> np.ndarray:
+        a64, b64, c64 = DeviceBuffer(8 * m * k), DeviceBuffer(8 * k * n), DeviceBuffer(8 * m * n)
+        try:
+            a64.upload(self.host_a.astype(np.float64))
+            b64.upload(self.host_b.astype(np.float64))
+            self.cublas.gemm(m, n, k, 1.0, a64.ptr, b64.ptr, 0.0, c64.ptr, double=True)
+            self._sync()
+            return c64.download(np.empty((m, n), np.float64))
+        finally:
+            for buf in (a64, b64, c64):
+                buf.free()
+
+    def _free(self) -> None:
+        for s in self.sets:
+            for buf in s:
+                buf.free()
+        self.sets = []
+
+    def _sync(self) -> None:
+        from cuda.bindings import driver
+
+        try:
+            check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        except CudaError as e:
+            if e.sticky:
+                raise GpuFault(str(e)) from e
+            raise
+
+    # ---- timing -----------------------------------------------------------------------------
+    def _time(self, run) -> Timing:
+        """Median-ready per-launch times with CUDA events; input sets rotate between launches."""
+        from cuda.bindings import driver
+
+        def timed(i: int) -> float:
+            check(driver.cuEventRecord(self.start, self.stream), "cuEventRecord")
+            run(self.sets[i % len(self.sets)])
+            check(driver.cuEventRecord(self.stop, self.stream), "cuEventRecord")
+            check(driver.cuEventSynchronize(self.stop), "cuEventSynchronize")
+            return float(check(driver.cuEventElapsedTime(self.start, self.stop), "cuEventElapsedTime"))
+
+        warm = [timed(i) for i in range(3)]
+        reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
+        times = [timed(i) for i in range(reps)]
+        return Timing(times, self.clock.mhz())
+
+    def baseline(self) -> dict:
+        m, n, k = self._need_problem()
+        timing = self._time(lambda s: self.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr))
+        return {"library": "cublas", **timing.summary(2 * m * n * k)}
+
+    # ---- candidates -------------------------------------------------------------------------
+    def evaluate(self, cubin: bytes, launches: Sequence[Launch], workspace_bytes: int, flops: int) -> dict:
+        m, n, k = self._need_problem()
+        result: dict[str, Any] = {"state": "ok", "error": None, "rel_error": None}
+        kernel = workspace = None
+        try:
+            try:
+                kernel = LoadedKernel(cubin, launches)
+                workspace = DeviceBuffer(workspace_bytes) if workspace_bytes else None
+            except CudaError as e:
+                return self._launch_error(result, e)
+            ws = workspace.ptr if workspace else 0
+            worst = 0.0
+            a, b, c = self.sets[0]
+            for alpha, beta in VERIFY_ALPHA_BETA:
+                if beta == 0.0:
+                    c.upload(np.full((m, n), np.nan, np.float32))  # poison: unwritten or read C shows
+                    expect = alpha * self.ref_ab
+                else:
+                    c.upload(self.host_c0)
+                    expect = alpha * self.ref_ab + beta * self.host_c0.astype(np.float64)
+                try:
+                    kernel.launch(m, n, k, alpha, a.ptr, k, b.ptr, n, beta, c.ptr, n, ws, self.stream)
+                except CudaError as e:
+                    return self._launch_error(result, e)
+                self._sync()
+                worst = max(worst, relative_error(c.download(np.empty((m, n), np.float32)), expect))
+            result["rel_error"] = worst
+            if not worst <= tolerance(k):
+                result.update(state="wrong_result",
+                              error=f"relative error {worst:.3g} exceeds {tolerance(k):.3g} (K={k})")
+                return result
+            timing = self._time(lambda s: kernel.launch(m, n, k, 1.0, s[0].ptr, k, s[1].ptr, n, 0.0,
+                                                         s[2].ptr, n, ws, self.stream))
+            result.update(timing.summary(flops))
+            return result
+        except CudaError as e:
+            if e.sticky:
+                raise GpuFault(str(e)) from e
+            return self._launch_error(result, e)
+        finally:
+            if workspace:
+                workspace.free()
+            if kernel:
+                kernel.unload()
+
+    def _launch_error(self, result: dict, e: CudaError) -> dict:
+        if e.sticky:
+            raise GpuFault(str(e)) from e
+        result.update(state="launch_error", error=str(e))
+        return result
+
+    def _need_problem(self) -> tuple[int, int, int]:
+        if self.problem is None:
+            raise RuntimeError("set_problem(m, n, k) first")
+        return self.problem
+
+
+def _driver_version_from_proc() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            for word in f.readline().split():
+                if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                    return word
+    except OSError:
+        pass
+    return os.environ.get("NVIDIA_DRIVER_VERSION")
