@@ -1,0 +1,246 @@
+"""``python -m tuner``: tune kernel families for GEMM shapes on one GPU."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
+from tuner.samplers import SAMPLERS, missing_packages
+
+log = logging.getLogger("tuner")
+
+DEFAULT_TRIALS = 40
+DEFAULT_PATIENCE = 15
+# With no --timeout the studies share this much wall time (what is left over from a study that
+# stops early passes to the next), so the default command ends in about 15 minutes including
+# start-up, cuBLAS baselines and references.
+DEFAULT_TOTAL_SECONDS = 780.0
+DEFAULT_DRY_RUN_CONFIGS = 5
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_SHAPES_HELP = ", ".join(p.shape for p in DEFAULT_SHAPES)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a positive integer")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive; give a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give 0 or more")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive, finite number of seconds")
+    return value
+
+
+def _shape(text: str) -> Problem:
+    try:
+        return parse_shape(text)
+    except ShapeError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner",
+        description=(
+            "Tune the SGEMM kernel families for GEMM shapes on one GPU: one Optuna study per "
+            "(GPU model, family + source hash, shape), resumed when run again. Every trial, "
+            "the cuBLAS baseline and each run go to the results database; the end is a table "
+            "of the best kernel per shape and its fraction of cuBLAS."
+        ),
+        epilog=(
+            f"Default shapes: {_SHAPES_HELP} (square small and large, K-heavy with small M and "
+            "N, tall-skinny, and sizes that are multiples of nothing). Exit codes: 0 done, "
+            "1 failure (e.g. no usable GPU), 2 bad input (nothing stored), 130 interrupted."
+        ),
+    )
+    parser.add_argument("--gpu", type=_non_negative_int, default=0, metavar="INDEX",
+                        help="CUDA device index (default: 0)")
+    parser.add_argument("--kernel", action="append", metavar="FAMILY", default=[],
+                        help="kernel family to tune; repeat for several (default: all families)")
+    parser.add_argument("--shape", action="append", type=_shape, metavar="MxNxK", default=[],
+                        help=f"problem shape, e.g. 1024x1024x1024; repeat for several "
+                             f"(default: {_SHAPES_HELP})")
+    parser.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, metavar="N",
+                        help="measured configs per study, counted over all runs of the study, "
+                             "so running again resumes up to it (default: %(default)s)")
+    parser.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                        help="wall time per study in this run (default: the studies share "
+                             f"{DEFAULT_TOTAL_SECONDS:g} s, leftovers passing on)")
+    parser.add_argument("--patience", type=_non_negative_int, default=DEFAULT_PATIENCE,
+                        metavar="N",
+                        help="stop a study after N measured configs without a new best "
+                             "(>0.5%% better); 0 turns the rule off (default: %(default)s)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default="default",
+                        help="Optuna sampler; 'default' is the tuner's recommended set-up "
+                             "(multivariate TPE with constant liar); gp needs torch and scipy, "
+                             "cmaes needs cmaes (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="sampler seed; a resumed study offsets it by its trial count "
+                             "(default: %(default)s)")
+    parser.add_argument("--db", metavar="URL", default=None,
+                        help="results database URL or SQLite file path (default: $GEMMTUNE_DB, "
+                             "else sqlite:///$XDG_DATA_HOME/gemmtune/gemmtune.sqlite)")
+    parser.add_argument("--storage", metavar="URL", default=None,
+                        help="Optuna storage URL (default: $GEMMTUNE_STORAGE, else the results "
+                             "database)")
+    parser.add_argument("--cache", metavar="DIR", default=None,
+                        help="CUBIN cache folder (default: $GEMMTUNE_CACHE, else "
+                             "$XDG_CACHE_HOME/gemmtune/cubins)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU and no database: compile a seeded sample of accepted "
+                             "configs per family and print registers, shared memory, spills "
+                             "and occupancy")
+    parser.add_argument("--dry-run-configs", type=_positive_int, default=DEFAULT_DRY_RUN_CONFIGS,
+                        metavar="N", help="configs per family in --dry-run (default: %(default)s)")
+    parser.add_argument("--arch", default="sm_90",
+                        help="compile target for --dry-run (a live run asks the GPU) "
+                             "(default: %(default)s)")
+    parser.add_argument("--trial-timeout", type=_positive_seconds, default=30.0,
+                        metavar="SECONDS",
+                        help="a candidate that takes longer on the GPU is recorded as timeout "
+                             "and its GPU process replaced (default: %(default)s)")
+    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                        help="compile processes (default: CPU cores - 1, at most 8)")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log a line per trial; twice for debug output")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses and validates; bad input exits with status 2 before anything is stored."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
+    import kernels  # after --help, which should not need NVRTC
+
+    families = []
+    for name in args.kernel:
+        if name not in kernels.FAMILIES:
+            parser.error(f"argument --kernel: unknown kernel family {name!r}; "
+                         f"allowed: {', '.join(kernels.FAMILIES)}")
+        if kernels.FAMILIES[name] not in families:
+            families.append(kernels.FAMILIES[name])
+    args.families = families or list(kernels.FAMILIES.values())
+    args.problems = list(dict.fromkeys(args.shape)) or list(DEFAULT_SHAPES)
+    if args.arch not in kernels.ARCH_LIMITS:
+        parser.error(f"argument --arch: unknown architecture {args.arch!r}; "
+                     f"allowed: {', '.join(kernels.ARCH_LIMITS)}")
+    missing = missing_packages(args.sampler)
+    if missing and not args.dry_run:
+        parser.error(f"argument --sampler: {args.sampler!r} needs the Python package(s) "
+                     f"{', '.join(missing)}, which are not installed "
+                     f"(pip install {' '.join(missing)}); or choose another of "
+                     f"{', '.join(s for s in SAMPLERS if not missing_packages(s))}")
+    return args
+
+
+def _configure_logging(verbose: int) -> None:
+    import optuna
+
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    optuna.logging.set_verbosity(logging.DEBUG if verbose >= 2 else logging.WARNING)
+
+
+def cache_dir(args: argparse.Namespace) -> Path | None:
+    chosen = args.cache or os.environ.get("GEMMTUNE_CACHE")
+    return Path(chosen).expanduser() if chosen else None  # None: kernels' default folder
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    _configure_logging(args.verbose)
+    if args.dry_run:
+        from tuner.dryrun import dry_run
+        from tuner.live import default_workers
+
+        ok = dry_run(args.families, args.problems[0], arch=args.arch, cache_dir=cache_dir(args),
+                     count=args.dry_run_configs, seed=args.seed,
+                     workers=args.workers or default_workers(), out=sys.stdout)
+        return EXIT_OK if ok else EXIT_FAILED
+
+    from tuner.live import GpuUnavailable, LiveEvaluator
+
+    try:
+        evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
+                                  trial_timeout_s=args.trial_timeout)
+    except GpuUnavailable as reason:
+        print(f"python -m tuner: no usable GPU {args.gpu}: {reason}\n"
+              "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
+              file=sys.stderr)
+        return EXIT_FAILED
+    with evaluator:
+        return tune(args, evaluator)
+
+
+def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> int:
+    """Everything after the evaluator exists: open the stores, run the studies, print the table."""
+    import db
+    import optuna
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from tuner.interrupt import StopRequest
+    from tuner.search import Budget, Session
+    from tuner.session import tune_all
+
+    try:
+        database = db.open_database(args.db)
+    except (db.StorageError, db.InvalidInputError) as error:
+        print(f"python -m tuner: cannot use the results database: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
+    try:
+        storage = optuna.storages.RDBStorage(storage_url)
+    except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
+        print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
+              file=sys.stderr)
+        database.close()
+        return EXIT_USAGE
+
+    with database, StopRequest() as stop, logging_redirect_tqdm():
+        gpu_info = db.GpuInfo(**evaluator.info())
+        session = Session(
+            database=database, evaluator=evaluator, storage=storage,
+            gpu_id=database.ensure_gpu(gpu_info), gpu_name=gpu_info.name,
+            sampler=args.sampler, seed=args.seed, batch=getattr(evaluator, "batch", 1),
+            progress=progress, host=socket.gethostname(),
+            command=shlex.join(["python", "-m", "tuner", *(args.argv or sys.argv[1:])]),
+            stop=stop,
+        )
+        budget = Budget(trials=args.trials, timeout_s=args.timeout,
+                        patience=args.patience or None)
+        total = None if args.timeout is not None else DEFAULT_TOTAL_SECONDS
+        summary = tune_all(session, args.families, args.problems, budget, total_seconds=total)
+    print()
+    print(summary.table())
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

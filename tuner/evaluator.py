@@ -1,0 +1,80 @@
+"""The one interface the search loop measures through.
+
+Implementations: ``tuner.live.LiveEvaluator`` (compile pool + GPU child process) and
+``tuner.testing.StandInEvaluator`` (an analytic model for CPU tests). A replay of a recording
+fits the same interface in one more module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from tuner.problem import Problem
+
+# Trial states, spelled as in ARCHITECTURE.md.
+OK = "ok"
+REJECTED = "rejected"
+COMPILE_ERROR = "compile_error"
+LAUNCH_ERROR = "launch_error"
+WRONG_RESULT = "wrong_result"
+TIMEOUT = "timeout"
+CRASHED = "crashed"
+MISSING = "missing"
+
+
+@dataclass
+class Measurement:
+    """What one evaluation produced; the fields of ``db.TrialRecord`` minus number and params."""
+
+    state: str
+    error: str | None = None
+    compile_seconds: float | None = None
+    registers: int | None = None
+    shared_bytes: int | None = None
+    spill_bytes: int | None = None
+    occupancy: float | None = None
+    time_min_ms: float | None = None
+    time_median_ms: float | None = None
+    time_max_ms: float | None = None
+    launches: int | None = None
+    gflops: float | None = None
+    sm_clock_mhz: float | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Only a verified, timed result may ever become the best."""
+        return self.state == OK and self.gflops is not None and self.gflops > 0
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    library: str
+    time_median_ms: float
+    gflops: float
+    sm_clock_mhz: float | None = None
+
+
+class Evaluator(Protocol):
+    def info(self) -> dict[str, Any]:
+        """The GPU: the fields of ``db.GpuInfo``."""
+        ...
+
+    def arch(self) -> str:
+        """The compile target, e.g. ``"sm_90"``."""
+        ...
+
+    def set_problem(self, problem: Problem) -> None: ...
+
+    def baseline(self) -> Baseline: ...
+
+    def prepare(self, family: Any, config: dict[str, int]) -> None:
+        """A hint that ``evaluate(family, config, …)`` follows soon (start compiling now)."""
+        ...
+
+    def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,39 @@
+"""What a compiled config uses per block and the occupancy that follows (dry run and live)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import kernels
+
+from tuner.problem import Problem
+
+
+@dataclass(frozen=True)
+class ResourceSummary:
+    kernel: str  # the main (first launched) kernel; a split-K reduction is not the bottleneck
+    threads: int
+    registers: int
+    shared_bytes: int  # static (ptxas) + dynamic (launch) per block
+    spill_bytes: int  # stores + loads
+    occupancy: float
+    limiter: str
+
+
+def summarize(family: Any, config: Mapping[str, int], problem: Problem,
+              resources: Mapping[str, Any], arch: str) -> ResourceSummary:
+    main = family.launches(dict(config), problem.m, problem.n, problem.k)[0]
+    used = resources[main.kernel]
+    threads = main.block[0] * main.block[1] * main.block[2]
+    shared = int(used.shared_static_bytes) + int(main.shared_bytes)
+    occ = kernels.occupancy(arch, threads, int(used.registers), shared)
+    return ResourceSummary(
+        kernel=main.kernel,
+        threads=threads,
+        registers=int(used.registers),
+        shared_bytes=shared,
+        spill_bytes=int(used.spill_store_bytes) + int(used.spill_load_bytes),
+        occupancy=float(occ.fraction),
+        limiter=str(occ.limiter),
+    )

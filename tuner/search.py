@@ -1,0 +1,337 @@
+"""The search loop: one Optuna study per (GPU model, family + source hash, problem)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import db
+import optuna
+from optuna.trial import Trial, TrialState
+from tqdm import tqdm
+
+from tuner import space
+from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
+from tuner.interrupt import StopRequest
+from tuner.problem import Problem
+from tuner.samplers import CONSTRAINT, make_sampler
+from tuner.warmstart import warm_start_configs
+
+log = logging.getLogger(__name__)
+
+# A new best must beat the old one by this fraction to reset the patience count: timing noise
+# alone should not keep a converged study alive.
+MIN_GAIN = 0.005
+# Asks in a row that bring nothing new to measure (rejected or already measured) before the
+# study is called exhausted: the sampler keeps circling a space it has covered.
+MAX_FRUITLESS_ASKS = 300
+ERROR_ATTR_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int  # measured configs per study, over all runs of that study
+    timeout_s: float | None  # wall time of one run of the study
+    patience: int | None  # measured configs without a new best before stopping
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trials": self.trials, "timeout_s": self.timeout_s, "patience": self.patience}
+
+
+@dataclass
+class Session:
+    """What every study of one tuner invocation shares."""
+
+    database: Any  # db.Database
+    evaluator: Evaluator
+    storage: optuna.storages.BaseStorage
+    gpu_id: int
+    gpu_name: str
+    sampler: str = "default"
+    seed: int | None = 0
+    batch: int = 1  # candidates in flight (compiling ahead of the GPU)
+    warm_start: bool = True
+    progress: bool = True
+    host: str = field(default_factory=socket.gethostname)
+    command: str = "python -m tuner"
+    stop: StopRequest = field(default_factory=StopRequest)
+
+
+@dataclass
+class StudyOutcome:
+    study_name: str
+    run_id: int
+    run_state: str  # finished | interrupted | failed
+    stop_reason: str
+    measured: int  # distinct configs measured in the study, all runs
+    measured_now: int  # of which in this run
+    best_config: dict[str, int] | None
+    best_gflops: float | None
+    best_number: int | None
+
+
+@dataclass
+class _Known:
+    number: int
+    state: str
+    value: float
+    violation: float
+
+
+@dataclass
+class _Pending:
+    trial: Trial
+    config: dict[str, int]
+    key: tuple[tuple[str, int], ...]
+    alias: bool = False  # same config as an earlier pending candidate: answered from it
+
+
+def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
+    return (
+        f"gemmtune/{gpu_name}/{family.name}@{family.source_hash[:16]}/"
+        f"{problem.shape}/{problem.dtype}/{problem.layout}"
+        f"{'' if problem.general_alpha_beta else '/alpha1beta0'}"
+    )
+
+
+def _known_from_study(study: optuna.Study) -> dict[tuple[tuple[str, int], ...], _Known]:
+    known: dict[tuple[tuple[str, int], ...], _Known] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        state = trial.user_attrs.get("state")
+        if state is None or "duplicate_of" in trial.user_attrs:
+            continue
+        key = space.config_key(space.config_from_params(trial.params))
+        known.setdefault(
+            key,
+            _Known(trial.number, state, float(trial.value or 0.0),
+                   sum(max(0.0, v) for v in trial.constraints.values())),
+        )
+    return known
+
+
+def _fail_stale_trials(study: optuna.Study) -> None:
+    """Trials left RUNNING by a process that died; left alone, constant liar would treat them
+    as in flight forever."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        log.info("marking stale running trial %d of %s as failed", trial.number, study.study_name)
+        study.tell(trial.number, state=TrialState.FAIL)
+
+
+def _seed_for(seed: int | None, n_trials: int) -> int | None:
+    # A resumed study must not replay the first run's random proposals.
+    return None if seed is None else seed + n_trials
+
+
+def _config_text(config: dict[str, int]) -> str:
+    return " ".join(f"{name}={value}" for name, value in config.items())
+
+
+def run_study(
+    session: Session,
+    family: Any,
+    problem: Problem,
+    budget: Budget,
+    baseline_gflops: float | None = None,
+) -> StudyOutcome:
+    name = study_name(session.gpu_name, family, problem)
+    distributions = space.distributions(family)
+    study = optuna.create_study(
+        storage=session.storage, study_name=name, direction="maximize", load_if_exists=True
+    )
+    _fail_stale_trials(study)
+    known = _known_from_study(study)
+    study.sampler = make_sampler(session.sampler, _seed_for(session.seed, len(study.trials)))
+
+    if session.warm_start and not study.trials:
+        for config in warm_start_configs(session.database, session.gpu_name, family, problem):
+            log.info("%s: warm start with %s", name, _config_text(config))
+            study.enqueue_trial(config, user_attrs={"warm_start": True}, skip_if_exists=True)
+
+    problem_id = session.database.ensure_problem(
+        problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
+        general_alpha_beta=problem.general_alpha_beta,
+    )
+    family_id = session.database.ensure_family(family.name, family.source_hash)
+    run_id = session.database.start_run(
+        gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
+        sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
+        host=session.host, command=session.command, study_name=name,
+    )
+
+    # What the study already knows, in trial order: count, best, and trials since the best.
+    measured = 0
+    best: _Known | None = None
+    best_config: dict[str, int] | None = None
+    since_best = 0
+    for key, entry in sorted(known.items(), key=lambda item: item[1].number):
+        if entry.state == REJECTED:
+            continue
+        measured += 1
+        since_best += 1
+        if entry.state == OK and (best is None or entry.value > best.value * (1 + MIN_GAIN)):
+            best, best_config, since_best = entry, dict(key), 0
+
+    deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
+    pending: deque[_Pending] = deque()
+    measured_now = 0
+    fruitless = 0
+    run_state, stop_reason = "failed", "error"
+
+    bar = tqdm(
+        total=budget.trials, initial=min(measured, budget.trials), unit="trial",
+        desc=f"{family.name} {problem.shape}", disable=not session.progress, leave=True,
+        dynamic_ncols=True,
+    )
+
+    def show_best() -> None:
+        if best is None:
+            return
+        postfix = {"best": f"{best.value:,.0f} GFLOP/s"}
+        if baseline_gflops:
+            postfix["cuBLAS"] = f"{best.value / baseline_gflops:.2f}"
+        bar.set_postfix(postfix, refresh=False)
+
+    def tell(trial: Trial, config: dict[str, int], result: _Known, **attrs: Any) -> None:
+        trial.set_user_attr("state", result.state)
+        trial.set_constraint(CONSTRAINT, result.violation)
+        for attr, value in attrs.items():
+            trial.set_user_attr(attr, value)
+        study.tell(trial, result.value)
+
+    def record(trial: Trial, config: dict[str, int], measurement: Measurement,
+               started_at: datetime) -> _Known:
+        fields = _record_fields(measurement)
+        session.database.add_trial(
+            run_id,
+            db.TrialRecord(number=trial.number, params=config, started_at=started_at, **fields),
+        )
+        if measurement.usable:
+            return _Known(trial.number, OK, float(measurement.gflops), 0.0)  # type: ignore[arg-type]
+        return _Known(trial.number, fields["state"], 0.0, 1.0)
+
+    def ask() -> bool:
+        """Ask for one candidate; returns whether it needs measuring (it was added to pending)."""
+        trial = study.ask(distributions)
+        config = space.config_from_params(trial.params)
+        key = space.config_key(config)
+        if key in known:
+            earlier = known[key]
+            tell(trial, config, earlier, duplicate_of=earlier.number)
+            return False
+        if any(item.key == key and not item.alias for item in pending):
+            pending.append(_Pending(trial, config, key, alias=True))
+            return False
+        try:
+            reasons = family.reject_reasons(config)
+        except ValueError as error:  # kernels.ConfigError: a value the family does not allow
+            reasons = [str(error)]
+        if reasons:
+            rejected = Measurement(state=REJECTED, error="; ".join(reasons))
+            record(trial, config, rejected, datetime.now(timezone.utc))
+            known[key] = _Known(trial.number, REJECTED, 0.0, float(len(reasons)))
+            tell(trial, config, known[key], error=rejected.error[:ERROR_ATTR_LIMIT])
+            log.debug("trial %d rejected: %s (%s)", trial.number, _config_text(config),
+                      rejected.error)
+            return False
+        session.evaluator.prepare(family, config)
+        pending.append(_Pending(trial, config, key))
+        return True
+
+    def stop_reason_now() -> str | None:
+        if session.stop.requested:
+            return "interrupted"
+        if measured >= budget.trials:
+            return "trial budget"
+        if deadline is not None and time.monotonic() >= deadline:
+            return "time budget"
+        if budget.patience is not None and best is not None and since_best >= budget.patience:
+            return "patience"
+        return None
+
+    try:
+        session.evaluator.set_problem(problem)
+        while True:
+            reason = stop_reason_now()
+            if reason is not None:
+                stop_reason = reason
+                break
+            # Keep up to `batch` candidates in flight so compiles run ahead of the GPU.
+            while (
+                sum(not item.alias for item in pending) < session.batch
+                and measured + sum(not item.alias for item in pending) < budget.trials
+                and fruitless < MAX_FRUITLESS_ASKS
+            ):
+                fruitless = 0 if ask() else fruitless + 1
+            if not pending:
+                stop_reason = "search space exhausted"
+                break
+            item = pending.popleft()
+            if item.alias:
+                tell(item.trial, item.config, known[item.key], duplicate_of=known[item.key].number)
+                continue
+            started_at = datetime.now(timezone.utc)
+            measurement = session.evaluator.evaluate(family, item.config, problem)
+            result = record(item.trial, item.config, measurement, started_at)
+            known[item.key] = result
+            extra = {"error": measurement.error[:ERROR_ATTR_LIMIT]} if measurement.error else {}
+            tell(item.trial, item.config, result, **extra)
+            measured += 1
+            measured_now += 1
+            since_best += 1
+            if result.state == OK and (best is None or result.value > best.value * (1 + MIN_GAIN)):
+                best, best_config, since_best = result, item.config, 0
+            bar.update(1)
+            show_best()
+            _log_trial(item.trial.number, item.config, measurement, baseline_gflops)
+        run_state = "interrupted" if stop_reason == "interrupted" else "finished"
+    except KeyboardInterrupt:
+        run_state, stop_reason = "interrupted", "interrupted"
+        raise
+    finally:
+        for item in pending:  # asked but never measured: not a result, just let go
+            study.tell(item.trial, state=TrialState.FAIL)
+        pending.clear()
+        bar.close()
+        session.database.finish_run(run_id, run_state)
+        log.info("%s: %s after %d new measurements (%s)", name, run_state, measured_now,
+                 stop_reason)
+
+    return StudyOutcome(
+        study_name=name, run_id=run_id, run_state=run_state, stop_reason=stop_reason,
+        measured=measured, measured_now=measured_now, best_config=best_config,
+        best_gflops=None if best is None else best.value,
+        best_number=None if best is None else best.number,
+    )
+
+
+def _record_fields(measurement: Measurement) -> dict[str, Any]:
+    fields = measurement.fields()
+    if fields["sm_clock_mhz"] is not None:
+        fields["sm_clock_mhz"] = int(round(fields["sm_clock_mhz"]))
+    for name in ("time_min_ms", "time_median_ms", "time_max_ms", "gflops"):
+        value = fields[name]
+        if value is not None and not (math.isfinite(value) and value > 0):
+            fields[name] = None
+    if measurement.state == OK and not measurement.usable:
+        # An "ok" without a usable time cannot be stored as ok, nor ever become best.
+        fields["state"] = "wrong_result"
+        fields["error"] = fields["error"] or "evaluator returned ok without a positive GFLOP/s"
+    return fields
+
+
+def _log_trial(number: int, config: dict[str, int], measurement: Measurement,
+               baseline_gflops: float | None) -> None:
+    if measurement.usable:
+        fraction = (f" ({measurement.gflops / baseline_gflops:.2f} of cuBLAS)"  # type: ignore[operator]
+                    if baseline_gflops else "")
+        log.info("trial %d ok %.0f GFLOP/s%s  %s", number, measurement.gflops, fraction,
+                 _config_text(config))
+    else:
+        log.info("trial %d %s  %s  %s", number, measurement.state, _config_text(config),
+                 (measurement.error or "").splitlines()[0][:200] if measurement.error else "")

@@ -1,0 +1,104 @@
+"""One tuner invocation: a cuBLAS baseline per shape, then a study per (shape, family)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.evaluator import Baseline
+from tuner.problem import Problem
+from tuner.report import config_text, format_table
+from tuner.search import Budget, Session, StudyOutcome, run_study
+
+log = logging.getLogger(__name__)
+
+# With a shared time budget, a study still gets this long even when earlier ones overran.
+MIN_STUDY_SECONDS = 5.0
+
+
+@dataclass
+class Summary:
+    outcomes: list[tuple[Problem, Any, StudyOutcome]] = field(default_factory=list)
+    baselines: dict[Problem, Baseline] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def best(self, problem: Problem) -> tuple[Any, StudyOutcome] | None:
+        candidates = [(family, outcome) for p, family, outcome in self.outcomes
+                      if p == problem and outcome.best_gflops is not None]
+        return max(candidates, key=lambda fo: fo[1].best_gflops, default=None)  # type: ignore
+
+    def table(self) -> str:
+        rows = []
+        problems = list(dict.fromkeys(p for p, _, _ in self.outcomes))
+        for problem in problems:
+            best = self.best(problem)
+            baseline = self.baselines.get(problem)
+            if best is None:
+                rows.append([problem.shape, "-", "no verified config", "-", "-"])
+                continue
+            family, outcome = best
+            gflops = outcome.best_gflops or 0.0
+            fraction = f"{gflops / baseline.gflops:.2f}" if baseline else "-"
+            rows.append([problem.shape, family.name, config_text(outcome.best_config),
+                         f"{gflops:,.0f}", fraction])
+        title = "Best kernel per shape" + (" (interrupted)" if self.interrupted else "")
+        return title + "\n" + format_table(
+            ["shape", "family", "config", "GFLOP/s", "of cuBLAS"], rows)
+
+
+def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
+    try:
+        baseline = session.evaluator.baseline()
+    except RuntimeError as error:  # no cuBLAS on this host: tune anyway, without the fraction
+        log.warning("no cuBLAS baseline for %s: %s", problem.shape, error)
+        return None
+    problem_id = session.database.ensure_problem(
+        problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
+        general_alpha_beta=problem.general_alpha_beta,
+    )
+    sm_clock = None if baseline.sm_clock_mhz is None else int(round(baseline.sm_clock_mhz))
+    session.database.add_baseline(
+        gpu_id=session.gpu_id, problem_id=problem_id, library=baseline.library,
+        time_median_ms=baseline.time_median_ms, gflops=baseline.gflops, sm_clock_mhz=sm_clock,
+    )
+    log.info("%s: %s %.0f GFLOP/s", problem.shape, baseline.library, baseline.gflops)
+    return baseline
+
+
+def tune_all(
+    session: Session,
+    families: list[Any],
+    problems: list[Problem],
+    budget: Budget,
+    *,
+    total_seconds: float | None = None,
+) -> Summary:
+    """Runs the studies shape by shape. With ``total_seconds`` each study's time budget is an
+    equal share of what is left, so time a study does not need passes to the next ones."""
+    summary = Summary()
+    started = time.monotonic()
+    left_to_run = len(problems) * len(families)
+    for problem in problems:
+        if session.stop.requested:
+            break
+        session.evaluator.set_problem(problem)
+        baseline = _measure_baseline(session, problem)
+        if baseline is not None:
+            summary.baselines[problem] = baseline
+        for family in families:
+            if session.stop.requested:
+                break
+            study_budget = budget
+            if total_seconds is not None:
+                left = total_seconds - (time.monotonic() - started)
+                study_budget = dataclasses.replace(
+                    budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
+            outcome = run_study(session, family, problem, study_budget,
+                                None if baseline is None else baseline.gflops)
+            summary.outcomes.append((problem, family, outcome))
+            left_to_run -= 1
+    summary.interrupted = session.stop.requested
+    return summary

@@ -1,0 +1,177 @@
+"""STAND-INS FOR TESTS ON MACHINES WITHOUT A GPU. Nothing here measures anything real.
+
+* ``StandInEvaluator``: an Evaluator whose "GFLOP/s" come from a deterministic analytic model
+  over the config, and which can be told to answer wrong_result / crashed / timeout /
+  launch_error / compile_error for chosen configs, so the search loop's fault paths run on CPU.
+* ``probe`` / ``GpuFault`` / ``GpuBench``: a stand-in for ``tuner.gpu`` with the same names,
+  loadable as the GPU child's backend (``LiveEvaluator(backend="tuner.testing")``), so the
+  child-process machinery (timeouts, faults, deaths, replacement) runs on CPU. Its behaviour per
+  kernel name comes from the ``faults`` option.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tuner.evaluator import OK, Baseline, Measurement
+from tuner.problem import Problem
+
+STANDIN_PEAK_GFLOPS = 20_000.0
+STANDIN_CUBLAS_GFLOPS = 18_000.0
+
+
+def _preferred_index(family_name: str, param_name: str, n_values: int) -> int:
+    digest = hashlib.sha256(f"{family_name}:{param_name}".encode()).digest()
+    return digest[0] % n_values
+
+
+def model_gflops(family: Any, config: dict[str, int], problem: Problem) -> float:
+    """A smooth landscape with one optimum per family: each parameter has a preferred value
+    (fixed by a hash of its name) and the rate falls off with the squared distance, in index
+    steps, from it. Larger problems get closer to the peak, as on real hardware."""
+    distance = 0.0
+    for param in family.params:
+        values = sorted(param.values)
+        index = values.index(config[param.name])
+        preferred = _preferred_index(family.name, param.name, len(values))
+        distance += ((index - preferred) / max(1, len(values) - 1)) ** 2
+    size = (problem.m * problem.n * problem.k) ** (1 / 3)
+    return STANDIN_PEAK_GFLOPS * math.exp(-3.0 * distance) * size / (size + 256.0)
+
+
+def model_optimum(family: Any) -> dict[str, int]:
+    """The config ``model_gflops`` ranks first (whether the family accepts it or not)."""
+    return {
+        param.name: sorted(param.values)[
+            _preferred_index(family.name, param.name, len(param.values))
+        ]
+        for param in family.params
+    }
+
+
+@dataclass
+class StandInEvaluator:
+    """Deterministic evaluator for CPU tests; every call is logged in ``calls``."""
+
+    gpu_name: str = "Stand-in GPU (analytic model)"
+    gpu_uuid: str = "GPU-00000000-stand-in"
+    # config → planted state (wrong_result, crashed, timeout, launch_error, compile_error) or None
+    fault: Callable[[dict[str, int]], str | None] = lambda config: None
+    # send this process SIGINT (as Ctrl-C would) right after this many evaluations
+    interrupt_after: int | None = None
+    calls: list[tuple[str, dict[str, int], Problem]] = field(default_factory=list)
+    prepared: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    baselines: list[Problem] = field(default_factory=list)
+    closed: bool = False
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.gpu_name, "uuid": self.gpu_uuid, "compute_capability": "9.0",
+            "sm_count": 132, "memory_bytes": 80 * 2**30, "max_sm_clock_mhz": 1980,
+            "driver_version": "stand-in", "cuda_version": "stand-in", "nvrtc_version": "stand-in",
+        }
+
+    def arch(self) -> str:
+        return "sm_90"
+
+    def set_problem(self, problem: Problem) -> None:
+        self.problems.append(problem)
+
+    def baseline(self) -> Baseline:
+        problem = self.problems[-1]
+        self.baselines.append(problem)
+        gflops = STANDIN_CUBLAS_GFLOPS
+        return Baseline("cublas", 2.0 * problem.m * problem.n * problem.k / (gflops * 1e6),
+                        gflops, 1980)
+
+    def prepare(self, family: Any, config: dict[str, int]) -> None:
+        self.prepared.append((family.name, dict(config)))
+
+    def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
+        if not family.accepts(config):
+            raise AssertionError(f"a rejected config reached the evaluator: {config}")
+        self.calls.append((family.name, dict(config), problem))
+        if self.interrupt_after is not None and len(self.calls) == self.interrupt_after:
+            os.kill(os.getpid(), signal.SIGINT)
+        planted = self.fault(config)
+        if planted is not None:
+            return Measurement(state=planted, error=f"stand-in: planted {planted}",
+                               compile_seconds=0.01)
+        gflops = model_gflops(family, config, problem)
+        ms = family.flops(problem.m, problem.n, problem.k) / (gflops * 1e6)
+        return Measurement(
+            state=OK, compile_seconds=0.01, registers=64, shared_bytes=16384, spill_bytes=0,
+            occupancy=0.5, time_min_ms=ms * 0.99, time_median_ms=ms, time_max_ms=ms * 1.02,
+            launches=10, gflops=gflops, sm_clock_mhz=1980,
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# ------------------------------------------------------------------ stand-in GPU child backend
+
+
+def probe() -> str | None:
+    return os.environ.get("GEMMTUNE_STANDIN_NO_GPU") or None
+
+
+class GpuFault(RuntimeError):
+    """Stand-in for tuner.gpu.GpuFault."""
+
+
+class GpuBench:
+    """Stand-in for tuner.gpu.GpuBench. ``faults`` maps a kernel name (the first launch's) to
+    what evaluating it does: "fault" (raise GpuFault), "hang" (never answer), "exit" (the
+    process dies), "launch_error" or "wrong" (answered as such)."""
+
+    def __init__(self, device: int = 0, faults: dict[str, str] | None = None) -> None:
+        self.device = device
+        self.faults = faults or {}
+        self.problem: tuple[int, int, int] | None = None
+
+    def info(self) -> dict[str, Any]:
+        return StandInEvaluator().info() | {"uuid": f"GPU-stand-in-child-{os.getpid()}"}
+
+    def arch(self) -> str:
+        return "sm_90"
+
+    def set_problem(self, m: int, n: int, k: int) -> None:
+        self.problem = (m, n, k)
+
+    def baseline(self) -> dict[str, Any]:
+        return self._timing(STANDIN_CUBLAS_GFLOPS) | {"library": "cublas"}
+
+    def _timing(self, gflops: float) -> dict[str, Any]:
+        if self.problem is None:
+            raise RuntimeError("set_problem was not called")
+        m, n, k = self.problem
+        ms = 2.0 * m * n * k / (gflops * 1e6)
+        return {"time_min_ms": ms, "time_median_ms": ms, "time_max_ms": ms, "launches": 5,
+                "gflops": gflops, "sm_clock_mhz": 1980}
+
+    def evaluate(self, cubin: bytes, launches: list, workspace_bytes: int, flops: int
+                 ) -> dict[str, Any]:
+        behaviour = self.faults.get(launches[0].kernel)
+        if behaviour == "fault":
+            raise GpuFault("stand-in: CUDA_ERROR_ILLEGAL_ADDRESS")
+        if behaviour == "hang":
+            while True:
+                time.sleep(1)
+        if behaviour == "exit":
+            os._exit(3)
+        if behaviour == "launch_error":
+            return {"state": "launch_error", "error": "stand-in: too many resources requested",
+                    "rel_error": None, "time_min_ms": None, "time_median_ms": None,
+                    "time_max_ms": None, "launches": None, "gflops": None, "sm_clock_mhz": None}
+        gflops = 1000.0 + int.from_bytes(hashlib.sha256(cubin).digest()[:2], "big") % 1000
+        state = "wrong_result" if behaviour == "wrong" else "ok"
+        return {"state": state, "error": "stand-in: max error 1.0" if state != "ok" else None,
+                "rel_error": 1.0 if state != "ok" else 1e-7} | self._timing(gflops)

@@ -1,0 +1,55 @@
+"""Where a new study starts: the best configs already known for nearby problems."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import db
+
+from tuner import space
+from tuner.problem import Problem
+
+log = logging.getLogger(__name__)
+
+NEAREST_PROBLEMS = 3
+MAX_WARM_START = 6
+
+
+def warm_start_configs(
+    database: Any, gpu_name: str, family: Any, problem: Problem, limit: int = MAX_WARM_START
+) -> list[dict[str, int]]:
+    """The family's best configs for the nearest tuned problems on this GPU model (closest
+    first; the same problem counts too, e.g. tuned with an older source of the family), then
+    for the same problem on other GPU models. Only configs the family still accepts."""
+    shape = {"dtype": problem.dtype, "layout": problem.layout,
+             "general_alpha_beta": problem.general_alpha_beta}
+    found: list[dict[str, int]] = []
+
+    def consider(result: Any) -> None:
+        if result is None:
+            return
+        config = {name: int(value) for name, value in result.params.items()}
+        if config in found or not space.representable(family, config):
+            return
+        try:
+            if family.reject_reasons(config):
+                return
+        except ValueError:
+            return
+        found.append(config)
+
+    try:
+        nearest = database.nearest_problems(
+            gpu_name, problem.m, problem.n, problem.k, limit=NEAREST_PROBLEMS, **shape
+        )
+    except db.UnknownGpuError:
+        nearest = []  # first run on this GPU model
+    for near in nearest:
+        p = near.problem
+        consider(database.best(gpu_name, p.m, p.n, p.k, family=family.name, nearest=False, **shape))
+
+    for other in sorted({gpu.name for gpu in database.list_gpus()} - {gpu_name}):
+        consider(database.best(other, problem.m, problem.n, problem.k, family=family.name,
+                               nearest=False, **shape))
+    return found[:limit]
