@@ -11,6 +11,7 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import DatabaseError as SADatabaseError
+from sqlalchemy.exc import OperationalError
 
 from .engine import WRITE_OPTION
 from .errors import NotADatabaseError, SchemaTooNewError, StorageError
@@ -71,6 +72,9 @@ def prepare_schema(engine: Engine, where: str) -> None:
                 if current is None:
                     _refuse_unversioned_tables(conn, where)
                 command.upgrade(alembic_config(conn), "head")
+    except OperationalError as exc:
+        # No server, wrong password, unwritable folder, … : say which database and why.
+        raise StorageError(f"cannot open {where}: {str(exc.orig).strip()}") from exc
     except SADatabaseError as exc:
         if "file is not a database" in str(exc.orig):
             raise NotADatabaseError(

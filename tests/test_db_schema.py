@@ -189,3 +189,15 @@ def test_optuna_storage_shares_the_database(url: str, optuna_first: bool) -> Non
     assert ours == head_revision() and optuna_version != ours
     study = optuna.load_study(study_name="warptile-h100", storage=storage_url)
     assert len(study.trials) == 6
+
+
+def test_an_unreachable_database_is_a_storage_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(db.StorageError) as caught:
+        db.open_database("postgresql://nobody:secret@127.0.0.1:1/results?connect_timeout=2")
+    message = str(caught.value)
+    assert "cannot open postgresql+psycopg://nobody:***@127.0.0.1:1/results" in message
+    assert "secret" not in message
+    folder = tmp_path / "a-folder.sqlite"
+    folder.mkdir()
+    with pytest.raises(db.StorageError, match="a-folder.sqlite"):
+        db.open_database(f"sqlite:///{folder}")
