@@ -41,7 +41,8 @@ def create_app(database: db.Database | str | None = None, *, api_token: str | No
     )
     app.state.database = database
     app.state.reads = Reads(database)
-    app.state.api_token = api_token if api_token is not None else os.environ.get(TOKEN_ENV) or None
+    token = api_token if api_token is not None else os.environ.get(TOKEN_ENV)
+    app.state.api_token = token or None  # "" counts as unset: writes stay off
     install_error_handlers(app, _error_page)
     install_assets(app)
     app.include_router(routes_api.router)

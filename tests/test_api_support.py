@@ -87,11 +87,12 @@ def free_port() -> int:
 class Server:
     """`python -m api` in a subprocess on a free loopback port: the real uvicorn, as deployed."""
 
-    def __init__(self, url: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, url: str | None, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "api", "--host", "127.0.0.1", "--port", str(self.port), "--db", url,
-               "--log-level", "warning"]  # fmt: skip
+        cmd = [sys.executable, "-m", "api", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+        if url is not None:  # None: the server finds the database itself (GEMMTUNE_DB, then the default)
+            cmd += ["--db", url]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 30
         while True:

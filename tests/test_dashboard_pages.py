@@ -1,0 +1,100 @@
+"""Dashboard pages, server-rendered, over a database written by the tuner's search (no browser)."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+from pathlib import Path
+
+import db
+import pytest
+from fastapi.testclient import TestClient
+from test_api_support import STANDIN_GPU, tune_into
+
+import api
+from api import create_app
+
+SHAPE = (128, 128, 128)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('pages')}/results.sqlite"
+    return tune_into(url, [("naive", SHAPE), ("smem", SHAPE)], trials=10)
+
+
+@pytest.fixture(scope="module")
+def client(tuned):
+    with TestClient(create_app(tuned.url, api_token=""), raise_server_exceptions=False) as c:
+        yield c
+
+
+def text_of(html: str) -> str:
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
+
+
+def test_overview_shows_best_per_gpu_and_problem_and_the_runs(client, tuned):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    text = text_of(page.text)
+    with db.open_database(tuned.url) as database:
+        cell = database.overview()[0]
+    assert STANDIN_GPU in text and "128×128×128" in text
+    assert f"{cell.best_gflops:,.0f}" in text and f"{100 * cell.fraction_of_cublas:.1f}% cuBLAS" in text
+    for run_id in tuned.run_ids:
+        assert f'href="/runs/{run_id}"' in page.text
+    assert "GFLOP/s" in text and "of cuBLAS" in text
+
+
+def test_run_page_has_plots_top_configs_and_failures(client, tuned):
+    run_id = tuned.run_ids[0]
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200
+    for plot in ("plot-progress", "plot-occupancy", "plot-params"):
+        assert f'id="{plot}"' in page.text
+    with db.open_database(tuned.url) as database:
+        run = database.get_run(run_id)
+        failed = [t for t in database.trials(run_id, limit=1000) if t.state != "ok"]
+        top = database.top_k_for_run(run_id, limit=1)[0]
+    text = text_of(page.text)
+    assert f"{run.best_gflops:,.0f}" in text
+    assert failed and all(" ".join(t.error.splitlines()[0].split()) in text for t in failed if t.error)
+    assert all(f"{k} = {v}" in text for k, v in top.params.items())
+    assert f"/api/runs/{run_id}/trials/export?format=csv" in page.text
+
+
+def test_problem_page_compares_families(client, tuned):
+    with db.open_database(tuned.url) as database:
+        pid = database.list_problems()[0].id
+    page = client.get(f"/problems/{pid}")  # one GPU measured it: no need to name it
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert "naive" in text and "smem" in text and "cuBLAS" in text
+    assert client.get(f"/problems/{pid}", params={"gpu": "gpu-00000000-stand-in"}).status_code == 200
+
+
+def test_unknown_pages_answer_a_readable_html_404(client):
+    for path in ("/runs/424242", "/problems/424242", "/problems/1?gpu=Voodoo"):
+        r = client.get(path)
+        assert r.status_code == 404 and r.headers["content-type"].startswith("text/html"), path
+        assert "Not found" in r.text and "Back to the overview" in r.text
+    bad = client.get("/runs/abc")
+    assert bad.status_code == 422 and "run_id" in bad.text
+
+
+def test_nothing_is_loaded_from_outside_the_app():
+    """No CDN anywhere: every src/href in the templates is local, and the JS fetches only /api."""
+    root = Path(api.__file__).parent
+    for f in list((root / "templates").glob("*.html")) + list((root / "static").glob("*.js")):
+        for ref in re.findall(r'(?:src|href)=["\']([^"\'{]+)', f.read_text()):
+            assert ref.startswith(("/", "#")), (f.name, ref)
+        assert "//cdn" not in f.read_text() and "https://" not in f.read_text(), f.name
+
+
+def test_empty_database_renders(tmp_path):
+    client = TestClient(create_app(f"sqlite:///{tmp_path}/empty.sqlite"))
+    page = client.get("/")
+    assert page.status_code == 200 and "Nothing tuned yet" in page.text and "No runs recorded yet" in page.text
+    assert client.get("/api/best", params={"gpu": "x", "m": 1, "n": 1, "k": 1}).json()["detail"].endswith(
+        "(none recorded yet)"
+    )
