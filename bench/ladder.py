@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import sys
 import time
@@ -49,7 +50,7 @@ def main() -> None:
         name, text = spec.split(":", 1)
         jobs.append((name, json.loads(text), arch))
     t0 = time.time()
-    with ProcessPoolExecutor() as pool:
+    with ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")) as pool:
         compiled = list(pool.map(_compile, jobs))
     print(f"{info['name']}: compiled {len(jobs)} configs in {time.time() - t0:.1f}s", flush=True)
     rows = []

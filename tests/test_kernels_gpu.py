@@ -4,6 +4,7 @@ Run on the GPU host: python -m pytest -m gpu tests/test_kernels_gpu.py
 """
 from __future__ import annotations
 
+import multiprocessing
 import random
 from concurrent.futures import ProcessPoolExecutor
 
@@ -40,7 +41,7 @@ def compiled(bench):
     for fam in FAMILIES.values():
         for config in fam.sample_accepted(CONFIGS_PER_FAMILY, seed=random.randrange(1 << 30), arch=arch):
             jobs.append((fam.name, config, arch))
-    with ProcessPoolExecutor() as pool:
+    with ProcessPoolExecutor(mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(zip(jobs, pool.map(_compile, jobs)))
 
 
