@@ -64,7 +64,7 @@ def overview(request: Request) -> HTMLResponse:
     runs = r.runs(gpu=None, kernel=None, state=None, problem_id=None, offset=0, limit=RECENT_RUNS)
     return render(
         request, "overview.html", gpus=gpus, problems=problems, grid=grid, runs=runs,
-        any_running=any(run.state == "running" for run in runs), n_gpus=len(r.gpus()), n_problems=len(r.problems()),
+        run_states=[{"id": run.id, "state": run.state, "n_trials": run.n_trials} for run in runs], n_gpus=len(r.gpus()), n_problems=len(r.problems()),
     )  # fmt: skip
 
 

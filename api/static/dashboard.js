@@ -113,7 +113,7 @@ const gemmtune = (() => {
   }
 
   // One small panel per parameter: value (categorical, ordered) against GFLOP/s.
-  function drawParams(el, trials, paramNames, cublas) {
+  function drawParams(el, trials, paramNames) {
     const ok = trials.filter((t) => t.state === "ok" && t.gflops != null);
     if (!ok.length || !paramNames.length) return emptyNote(el, "No verified trial yet.");
     const cols = Math.min(paramNames.length, 4);
@@ -147,12 +147,6 @@ const gemmtune = (() => {
         rangemode: "tozero", gridcolor: "#eef0f3", linecolor: "#c9ced6", ticks: "outside",
         title: i % cols === 0 ? { text: "GFLOP/s" } : undefined,
       };
-      if (cublas) {
-        layout.shapes = (layout.shapes || []).concat([{
-          type: "line", xref: `x${ax} domain`, x0: 0, x1: 1, yref: "y" + ax, y0: cublas, y1: cublas,
-          line: { color: "#b23a48", width: 1, dash: "dash" },
-        }]);
-      }
     });
     Plotly.react(el, traces, layout, plotConfig);
   }
@@ -161,7 +155,7 @@ const gemmtune = (() => {
     const [run, trials] = await Promise.all([getJSON(`/api/runs/${runId}`), allTrials(runId)]);
     drawProgress(document.getElementById("plot-progress"), trials, run.cublas_gflops);
     drawOccupancy(document.getElementById("plot-occupancy"), trials);
-    drawParams(document.getElementById("plot-params"), trials, paramNames, run.cublas_gflops);
+    drawParams(document.getElementById("plot-params"), trials, paramNames);
     return run;
   }
 
@@ -181,15 +175,16 @@ const gemmtune = (() => {
     if (el) el.hidden = !on;
   }
 
-  // Poll `probe` every POLL_MS while `stillLive` holds; call `onChange` when its signature moves.
-  function poll(probe, signature, stillLive, onChange) {
-    let last = null;
+  // Poll `probe` every POLL_MS while `stillLive` holds; call `onChange` when its signature moves
+  // away from `initial`, the signature of what the server rendered.
+  function poll(initial, probe, signature, stillLive, onChange) {
+    let last = initial;
     setLive(true);
     const tick = async () => {
       try {
         const value = await probe();
         const sig = signature(value);
-        if (last !== null && sig !== last) await onChange(value);
+        if (sig !== last) await onChange(value);
         last = sig;
         if (!stillLive(value)) { setLive(false); return; }
       } catch (err) {
@@ -200,12 +195,15 @@ const gemmtune = (() => {
     setTimeout(tick, POLL_MS);
   }
 
-  function runPage(runId, state, paramNames) {
+  const runSignature = (run) => `${run.state}/${run.n_trials}`;
+
+  function runPage(runId, state, nTrials, paramNames) {
     refreshRunPlots(runId, paramNames);
     if (state !== "running") return;
     poll(
+      runSignature({ state, n_trials: nTrials }),
       () => getJSON(`/api/runs/${runId}`),
-      (run) => `${run.state}/${run.n_trials}`,
+      runSignature,
       (run) => run.state === "running",
       async () => { await refreshRunPlots(runId, paramNames); await swapLiveSections(); }
     );
@@ -229,7 +227,7 @@ const gemmtune = (() => {
         marker: { color: COLORS[i % COLORS.length] },
         text: mine.map((c) => (c ? `${c.family} · ${fmtF(c.fraction_of_cublas)} of cuBLAS` : "")),
         hovertemplate: `${g}<br>%{x}: %{y:,.0f} GFLOP/s<br>%{text}<extra></extra>`,
-        offsetgroup: String(i),
+        textposition: "inside", insidetextanchor: "middle", offsetgroup: String(i),
       });
       const withCublas = mine.map((c) => (c && c.fraction_of_cublas ? c.best_gflops / c.fraction_of_cublas : null));
       if (withCublas.some((v) => v != null)) {
@@ -247,12 +245,15 @@ const gemmtune = (() => {
     Plotly.react(el, traces, layout, plotConfig);
   }
 
-  function overviewPage(anyRunning) {
+  const runsSignature = (runs) => runs.map((r) => `${r.id}:${r.state}:${r.n_trials}`).join(",");
+
+  function overviewPage(runs) {
     drawOverview();
-    if (!anyRunning) return;
+    if (!runs.some((r) => r.state === "running")) return;
     poll(
-      () => getJSON("/api/runs?limit=50"),
-      (runs) => runs.map((r) => `${r.id}:${r.state}:${r.n_trials}`).join(","),
+      runsSignature(runs),
+      () => getJSON(`/api/runs?limit=${runs.length}`),
+      runsSignature,
       (runs) => runs.some((r) => r.state === "running"),
       async () => { await swapLiveSections(); await drawOverview(); }
     );

@@ -1,0 +1,139 @@
+"""The dashboard in headless Chromium (Debian's package) on a real uvicorn server.
+
+Checks that plotly draws (its SVG is in the page), that no page logs a console error, that the
+overview links through to a run, and that a running run's page refreshes itself as trials land.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import db
+import kernels
+import pytest
+from test_api_support import STANDIN_GPU, Server, tune_into
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("GEMMTUNE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# Without the background-networking flags Chromium keeps calling home, which a closed network punishes.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+SHAPE = (256, 256, 256)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('browser')}/results.sqlite"
+    return tune_into(url, [("naive", SHAPE), ("blocktile2d", SHAPE)], trials=12)
+
+
+@pytest.fixture(scope="module")
+def server(tuned):
+    s = Server(tuned.url)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),  # a fresh user-data dir
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, viewport={"width": 1400, "height": 900},
+        )  # fmt: skip
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A tab that records console errors and uncaught exceptions; the test fails on any."""
+    tab = browser.new_page()
+    errors: list[str] = []
+    tab.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    tab.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    tab.errors = errors
+    yield tab
+    tab.close()
+    assert not errors, errors
+
+
+def wait_for_plots(page, ids: list[str]) -> None:
+    for plot_id in ids:
+        # plotly renders into <svg class="main-svg"> inside the div once it has drawn
+        page.wait_for_selector(f"#{plot_id} svg.main-svg", state="attached", timeout=15_000)
+
+
+def test_overview_draws_and_clicks_through_to_a_run(page, server, tuned, tmp_path):
+    page.goto(server.base + "/")
+    wait_for_plots(page, ["overview-plot"])
+    assert page.locator("#overview-plot .bars path").count() >= 1  # the bars were drawn, not just axes
+    assert STANDIN_GPU in page.inner_text("#best-matrix")
+    page.screenshot(path=str(tmp_path / "overview.png"), full_page=True)
+
+    run_id = tuned.run_ids[0]
+    page.click(f'#runs-table a[href="/runs/{run_id}"]')
+    page.wait_for_url(f"**/runs/{run_id}")
+    wait_for_plots(page, ["plot-progress", "plot-occupancy", "plot-params"])
+    params = kernels.FAMILIES["naive"].params
+    # one x axis title per parameter in the parameter grid
+    titles = page.locator('#plot-params text[class^="x"][class$="title"]').all_text_contents()
+    assert sorted(titles) == sorted(p.name for p in params)
+    assert "GFLOP/s" in page.inner_text("#top-configs")
+    page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+
+
+def test_problem_page_compares_families(page, server):
+    page.goto(server.base + "/problems/1")
+    wait_for_plots(page, ["plot-families", "plot-runs"])
+    bars = page.locator("#plot-families .bars path")
+    assert bars.count() == 2  # naive and blocktile2d
+    assert "cuBLAS" in page.inner_text("#plot-families")
+
+
+def test_running_run_refreshes_as_trials_land(page, server, tuned):
+    """A run in progress: the page polls the API and redraws without a reload."""
+    fam = kernels.FAMILIES["naive"]
+    configs = fam.sample_accepted(6, seed=7)
+    with db.open_database(tuned.url) as database:
+        gpu_id = database.ensure_gpu(db.GpuInfo(STANDIN_GPU, "GPU-00000000-stand-in", "9.0", 132, 80 << 30, 1980,
+                                                "stand-in", "stand-in", "stand-in"))  # fmt: skip
+        run_id = database.start_run(
+            gpu_id=gpu_id, problem_id=database.ensure_problem(*SHAPE), family_id=database.ensure_family(fam.name, fam.source_hash),
+            sampler="tpe", seed=1, budget={"trials": 6}, host="test", command="live test", study_name=None,
+        )  # fmt: skip
+
+        def add(i: int) -> None:
+            database.add_trial(run_id, db.TrialRecord(number=i, params=configs[i], state="ok", time_median_ms=1.0,
+                                                      gflops=1000.0 * (i + 1), occupancy=0.5, registers=40))  # fmt: skip
+
+        add(0)
+        page.goto(f"{server.base}/runs/{run_id}")
+        wait_for_plots(page, ["plot-progress"])
+        assert page.is_visible("#live-indicator")
+        assert page.inner_text("#n-trials") == "1"
+        marker = page.evaluate("window.__marker = 1")  # survives only if the page is not reloaded
+
+        for i in range(1, 4):
+            add(i)
+        page.wait_for_function("document.querySelector('#n-trials').textContent.trim() === '4'", timeout=15_000)
+        # the best-so-far line follows: its last point is the new best (4000 GFLOP/s)
+        page.wait_for_function(
+            "(() => { const d = document.getElementById('plot-progress').data;"
+            " return d && d[1].y[d[1].y.length - 1] === 4000; })()",
+            timeout=15_000,
+        )
+        database.finish_run(run_id, "finished")
+        page.wait_for_function("document.querySelector('#run-state').textContent.includes('finished')", timeout=15_000)
+        page.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
+        assert page.evaluate("window.__marker") == 1 and marker == 1
