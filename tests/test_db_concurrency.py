@@ -24,7 +24,8 @@ SOURCE_HASH = "ab" * 32
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(b, marks=[pytest.mark.postgres] if b == "postgresql" else [])
+                        for b in BACKENDS])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "postgresql" and not postgres_available():
         pytest.skip(PG_MISSING)

@@ -21,7 +21,8 @@ from db.testing import BACKENDS, PG_MISSING, postgres_available, scratch_url
 GPU = db.GpuInfo("NVIDIA H100", "GPU-1", "9.0", 132, 80 * 2**30)
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(b, marks=[pytest.mark.postgres] if b == "postgresql" else [])
+                        for b in BACKENDS])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "postgresql" and not postgres_available():
         pytest.skip(PG_MISSING)

@@ -18,7 +18,8 @@ HASH_V1 = hashlib.sha256(b"warptile v1").hexdigest()
 HASH_V2 = hashlib.sha256(b"warptile v2").hexdigest()
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[pytest.param(b, marks=[pytest.mark.postgres] if b == "postgresql" else [])
+                        for b in BACKENDS])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "postgresql" and not postgres_available():
         pytest.skip(PG_MISSING)
