@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import math
 import socket
 import time
@@ -30,7 +32,11 @@ log = logging.getLogger(__name__)
 MIN_GAIN = 0.005
 # Asks in a row that bring nothing new to measure (rejected or already measured) before the
 # study is called exhausted: the sampler keeps circling a space it has covered.
-MAX_FRUITLESS_ASKS = 300
+MAX_FRUITLESS_ASKS = 200
+# Spaces up to this size are enumerated once: the study then knows exactly when every accepted
+# config has been measured, and when the sampler circles it is handed an unmeasured config.
+ENUMERABLE_SPACE = 20_000
+NUDGE_AFTER_FRUITLESS_ASKS = 20
 ERROR_ATTR_LIMIT = 1000
 
 
@@ -128,6 +134,16 @@ def _seed_for(seed: int | None, n_trials: int) -> int | None:
     return None if seed is None else seed + n_trials
 
 
+def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
+    names = [param.name for param in family.params]
+    total = math.prod(len(param.values) for param in family.params)
+    if total > ENUMERABLE_SPACE:
+        return None
+    configs = (dict(zip(names, values))
+               for values in itertools.product(*(sorted(p.values) for p in family.params)))
+    return [config for config in configs if not family.reject_reasons(config, arch)]
+
+
 def _config_text(config: dict[str, int]) -> str:
     return " ".join(f"{name}={value}" for name, value in config.items())
 
@@ -177,6 +193,9 @@ def run_study(
         if entry.state == OK and (best is None or entry.value > best.value * (1 + MIN_GAIN)):
             best, best_config, since_best = entry, dict(key), 0
 
+    arch = session.evaluator.arch()
+    accepted_all = _accepted_configs(family, arch)
+    nudges = random.Random(session.seed)
     deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
     pending: deque[_Pending] = deque()
     measured_now = 0
@@ -228,7 +247,7 @@ def run_study(
             pending.append(_Pending(trial, config, key, alias=True))
             return False
         try:
-            reasons = family.reject_reasons(config)
+            reasons = family.reject_reasons(config, arch)
         except ValueError as error:  # kernels.ConfigError: a value the family does not allow
             reasons = [str(error)]
         if reasons:
@@ -252,7 +271,27 @@ def run_study(
             return "time budget"
         if budget.patience is not None and best is not None and since_best >= budget.patience:
             return "patience"
+        if not pending and covered():
+            return "search space exhausted"
         return None
+
+    def covered() -> bool:
+        """Every accepted config measured or in flight (only known for enumerable spaces)."""
+        if accepted_all is None:
+            return False
+        in_flight = {item.key for item in pending}
+        return all(space.config_key(c) in known or space.config_key(c) in in_flight
+                   for c in accepted_all)
+
+    def nudge() -> None:
+        """Hand a circling sampler an accepted config it has not measured yet."""
+        if accepted_all is None:
+            return
+        in_flight = {item.key for item in pending}
+        fresh = [c for c in accepted_all
+                 if space.config_key(c) not in known and space.config_key(c) not in in_flight]
+        if fresh:
+            study.enqueue_trial(nudges.choice(fresh), user_attrs={"nudge": True})
 
     try:
         session.evaluator.set_problem(problem)
@@ -266,8 +305,11 @@ def run_study(
                 sum(not item.alias for item in pending) < session.batch
                 and measured + sum(not item.alias for item in pending) < budget.trials
                 and fruitless < MAX_FRUITLESS_ASKS
+                and not covered()
             ):
                 fruitless = 0 if ask() else fruitless + 1
+                if fruitless and fruitless % NUDGE_AFTER_FRUITLESS_ASKS == 0:
+                    nudge()
             if not pending:
                 stop_reason = "search space exhausted"
                 break

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import kernels
+
 from tuner.evaluator import OK, Baseline, Measurement
 from tuner.problem import Problem
 
@@ -26,30 +28,33 @@ STANDIN_PEAK_GFLOPS = 20_000.0
 STANDIN_CUBLAS_GFLOPS = 18_000.0
 
 
-def _preferred_index(family_name: str, param_name: str, n_values: int) -> int:
+def _preferred_index(family_name: str, param_name: str, n_values: int, problem: Problem) -> int:
     digest = hashlib.sha256(f"{family_name}:{param_name}".encode()).digest()
-    return digest[0] % n_values
+    # The optimum drifts with the problem's size, so nearby problems have similar optima.
+    size_class = int(math.log2(problem.m) + math.log2(problem.n) + math.log2(problem.k)) // 6
+    return (digest[0] + size_class) % n_values
 
 
 def model_gflops(family: Any, config: dict[str, int], problem: Problem) -> float:
-    """A smooth landscape with one optimum per family: each parameter has a preferred value
-    (fixed by a hash of its name) and the rate falls off with the squared distance, in index
-    steps, from it. Larger problems get closer to the peak, as on real hardware."""
+    """A smooth landscape with one optimum per (family, size class): each parameter has a
+    preferred value (from a hash of its name and the problem's size class) and the rate falls
+    off with the squared distance, in index steps, from it. Larger problems get closer to the
+    peak, as on real hardware."""
     distance = 0.0
     for param in family.params:
         values = sorted(param.values)
         index = values.index(config[param.name])
-        preferred = _preferred_index(family.name, param.name, len(values))
+        preferred = _preferred_index(family.name, param.name, len(values), problem)
         distance += ((index - preferred) / max(1, len(values) - 1)) ** 2
     size = (problem.m * problem.n * problem.k) ** (1 / 3)
     return STANDIN_PEAK_GFLOPS * math.exp(-3.0 * distance) * size / (size + 256.0)
 
 
-def model_optimum(family: Any) -> dict[str, int]:
+def model_optimum(family: Any, problem: Problem) -> dict[str, int]:
     """The config ``model_gflops`` ranks first (whether the family accepts it or not)."""
     return {
         param.name: sorted(param.values)[
-            _preferred_index(family.name, param.name, len(param.values))
+            _preferred_index(family.name, param.name, len(param.values), problem)
         ]
         for param in family.params
     }
@@ -128,9 +133,9 @@ class GpuFault(RuntimeError):
 
 
 class GpuBench:
-    """Stand-in for tuner.gpu.GpuBench. ``faults`` maps a kernel name (the first launch's) to
-    what evaluating it does: "fault" (raise GpuFault), "hang" (never answer), "exit" (the
-    process dies), "launch_error" or "wrong" (answered as such)."""
+    """Stand-in for tuner.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a kernel
+    name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
+    (never answer), "exit" (the process dies), "launch_error" or "wrong" (answered as such)."""
 
     def __init__(self, device: int = 0, faults: dict[str, str] | None = None) -> None:
         self.device = device
@@ -159,7 +164,8 @@ class GpuBench:
 
     def evaluate(self, cubin: bytes, launches: list, workspace_bytes: int, flops: int
                  ) -> dict[str, Any]:
-        behaviour = self.faults.get(launches[0].kernel)
+        behaviour = self.faults.get(hashlib.sha256(cubin).hexdigest(),
+                                    self.faults.get(launches[0].kernel))
         if behaviour == "fault":
             raise GpuFault("stand-in: CUDA_ERROR_ILLEGAL_ADDRESS")
         if behaviour == "hang":
@@ -175,3 +181,59 @@ class GpuBench:
         state = "wrong_result" if behaviour == "wrong" else "ok"
         return {"state": state, "error": "stand-in: max error 1.0" if state != "ok" else None,
                 "rel_error": 1.0 if state != "ok" else 1e-7} | self._timing(gflops)
+
+
+# ------------------------------------------------------------------ planted kernels
+
+_PLANTED_SOURCE = r"""
+// A correct but slow GEMM (MODE 0), or a planted fault: an illegal address (MODE 1) or a
+// kernel that never ends (MODE 2). One thread per element of C.
+extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
+                             const float* B, int ldb, float beta, float* C, int ldc,
+                             float* workspace) {
+#if MODE == 1
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        volatile float* nowhere = (volatile float*)(0x10);
+        *nowhere = 1.0f;
+    }
+#elif MODE == 2
+    volatile int forever = 1;
+    while (forever) {}
+#endif
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)M * N) return;
+    int row = (int)(idx / N), col = (int)(idx % N);
+    float acc = 0.0f;
+    for (int i = 0; i < K; ++i) acc += A[(long long)row * lda + i] * B[(long long)i * ldb + col];
+    float* c = C + (long long)row * ldc + col;
+    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+}
+"""
+
+PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP = 0, 1, 2
+
+
+class PlantedFamily(kernels.Family):
+    """A kernel family whose MODE parameter plants a fault: for testing the tuner's fault
+    handling end to end (real NVRTC; on a GPU, a real illegal address and a real hang)."""
+
+    name = "planted"
+    rung = 99
+    description = "test family: correct (MODE 0), illegal address (1), infinite loop (2)"
+    source_file = ""
+    params = (kernels.Param("MODE", (PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP),
+                            "0 correct, 1 illegal address, 2 infinite loop"),)
+    kernel_name = "k"
+    threads_per_block = 256
+
+    @property
+    def source(self) -> str:
+        return _PLANTED_SOURCE
+
+    def threads(self, c: Any) -> int:
+        return self.threads_per_block
+
+    def launches(self, c: Any, m: int, n: int, k: int) -> list:
+        self.validate(c)
+        blocks = -(-(m * n) // self.threads_per_block)
+        return [kernels.Launch(self.kernel_name, (blocks, 1, 1), (self.threads_per_block, 1, 1), 0)]

@@ -1,0 +1,233 @@
+"""The search loop on CPU: real kernel families, real SQLite, real Optuna storage, and the
+analytic stand-in evaluator in place of a GPU."""
+
+from __future__ import annotations
+
+import db
+import kernels
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.interrupt import StopRequest
+from tuner.problem import Problem
+from tuner.search import Budget, Session, run_study, study_name
+from tuner.session import tune_all
+from tuner.space import config_key
+from tuner.testing import StandInEvaluator, model_gflops
+
+NAIVE = kernels.FAMILIES["naive"]
+SMEM = kernels.FAMILIES["smem"]
+BLOCKTILE1D = kernels.FAMILIES["blocktile1d"]
+P1024 = Problem(1024, 1024, 1024)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def store(tmp_path):
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    yield database, optuna.storages.RDBStorage(database.url)
+    database.close()
+
+
+def session_for(store, evaluator: StandInEvaluator, **options) -> Session:
+    database, storage = store
+    info = evaluator.info()
+    return Session(database=database, evaluator=evaluator, storage=storage,
+                   gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                   progress=False, **options)
+
+
+def measured_params(database, run_id: int) -> list[dict[str, int]]:
+    return [t.params for t in database.run_history(run_id) if t.state != "rejected"]
+
+
+def test_a_study_measures_its_budget_records_everything_and_reports_the_best(store):
+    database, storage = store
+    evaluator = StandInEvaluator()
+    outcome = run_study(session_for(store, evaluator, batch=3), NAIVE, P1024,
+                        Budget(trials=10, timeout_s=None, patience=None))
+
+    assert outcome.run_state == "finished" and outcome.stop_reason == "trial budget"
+    assert outcome.measured == outcome.measured_now == 10 == len(evaluator.calls)
+    run = database.get_run(outcome.run_id)
+    assert run.state == "finished" and run.study_name == study_name(
+        evaluator.gpu_name, NAIVE, P1024)
+    assert run.source_hash == NAIVE.source_hash and run.budget["trials"] == 10
+    counts = database.count_trials(outcome.run_id)
+    assert counts["ok"] == 10
+    # every measured config reached the evaluator once; the reported best is the real maximum
+    ok = [t for t in database.run_history(outcome.run_id) if t.state == "ok"]
+    assert sorted(config_key(t.params) for t in ok) == sorted(
+        config_key(c) for _, c, _ in evaluator.calls)
+    top = max(ok, key=lambda t: t.gflops)
+    assert outcome.best_config == top.params
+    assert outcome.best_gflops == pytest.approx(model_gflops(NAIVE, top.params, P1024))
+    best = database.best(evaluator.gpu_name, 1024, 1024, 1024, nearest=False)
+    assert best is not None and best.params == top.params
+    # the study in Optuna's storage holds the same trials, none left running
+    study = optuna.load_study(study_name=run.study_name, storage=storage)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_running_again_resumes_the_study_without_measuring_a_config_twice(store):
+    database, storage = store
+    evaluator = StandInEvaluator()
+    first = run_study(session_for(store, evaluator, batch=2), NAIVE, P1024,
+                      Budget(trials=6, timeout_s=None, patience=None))
+    second = run_study(session_for(store, evaluator, batch=2), NAIVE, P1024,
+                       Budget(trials=14, timeout_s=None, patience=None))
+    assert first.study_name == second.study_name
+    assert (first.measured_now, second.measured_now, second.measured) == (6, 8, 14)
+    keys = [config_key(c) for _, c, _ in evaluator.calls]
+    assert len(keys) == len(set(keys)) == 14
+    assert len(optuna.get_all_study_names(storage)) == 1
+    both = measured_params(database, first.run_id) + measured_params(database, second.run_id)
+    assert len({config_key(p) for p in both}) == len(both) == 14
+    assert second.best_gflops >= first.best_gflops
+
+    # the budget is the study's: a third identical run has nothing left to do
+    third = run_study(session_for(store, evaluator), NAIVE, P1024,
+                      Budget(trials=14, timeout_s=None, patience=None))
+    assert third.measured_now == 0 and third.stop_reason == "trial budget"
+    assert len(evaluator.calls) == 14 and third.best_config == second.best_config
+
+
+def test_rejected_configs_never_reach_the_evaluator_and_are_recorded_with_reasons(store):
+    database, _ = store
+    evaluator = StandInEvaluator()  # raises AssertionError on a config the family rejects
+    outcome = run_study(session_for(store, evaluator, sampler="random", seed=3), BLOCKTILE1D,
+                        P1024, Budget(trials=12, timeout_s=None, patience=None))
+    assert outcome.measured == 12
+    rejected = database.trials(outcome.run_id, state="rejected")
+    assert rejected, "blocktile1d rejects ~40% of its space: random sampling must hit some"
+    for trial in rejected:
+        reasons = BLOCKTILE1D.reject_reasons(trial.params)
+        assert reasons and trial.error == "; ".join(reasons)
+    assert all(BLOCKTILE1D.accepts(config) for _, config, _ in evaluator.calls)
+    assert not evaluator.prepared or all(BLOCKTILE1D.accepts(c) for _, c in evaluator.prepared)
+
+
+def test_the_default_sampler_learns_to_avoid_rejected_configs(store):
+    database, _ = store
+    family = kernels.FAMILIES["warptile"]  # a few percent of its space is accepted
+    uniform = 1 - sum(1 for _ in family.accepted_configs()) / family.space_size()
+    session = session_for(store, StandInEvaluator(), batch=1)
+    session.storage = optuna.storages.InMemoryStorage()  # about the sampler, not the storage
+    outcome = run_study(session, family, P1024, Budget(trials=16, timeout_s=None,
+                                                       patience=None))
+    history = database.run_history(outcome.run_id)
+    late = history[len(history) // 2:]
+    rejected_late = sum(t.state == "rejected" for t in late) / len(late)
+    assert outcome.measured == 16
+    # uniform sampling would keep rejecting at the space's rate; the sampler must do better
+    assert rejected_late < uniform - 0.05, (rejected_late, uniform)
+
+
+def test_failed_and_wrong_configs_are_recorded_and_never_become_best(store):
+    database, _ = store
+    states = {1: "wrong_result", 2: "crashed", 4: "timeout", 8: "launch_error"}
+
+    def planted(config):  # the model's favourite BY values misbehave
+        return states.get(config["BY"])
+
+    evaluator = StandInEvaluator(fault=planted)
+    outcome = run_study(session_for(store, evaluator, seed=5), NAIVE, P1024,
+                        Budget(trials=25, timeout_s=None, patience=None))
+    assert outcome.measured == 25 and outcome.run_state == "finished"
+    history = database.run_history(outcome.run_id)
+    for trial in history:
+        if trial.params["BY"] in states and trial.state != "rejected":
+            assert trial.state == states[trial.params["BY"]]
+            assert trial.error == f"stand-in: planted {trial.state}" and trial.gflops is None
+    assert {t.state for t in history} & set(states.values()), "no planted fault was sampled"
+    assert outcome.best_config is not None and outcome.best_config["BY"] not in states
+    best = database.best(evaluator.gpu_name, 1024, 1024, 1024, nearest=False)
+    assert best.params["BY"] not in states
+
+
+def test_patience_stops_a_study_that_no_longer_improves(store):
+    evaluator = StandInEvaluator(fault=lambda config: "wrong_result"
+                                 if len(evaluator.calls) > 1 else None)
+    outcome = run_study(session_for(store, evaluator), NAIVE, P1024,
+                        Budget(trials=30, timeout_s=None, patience=4))
+    assert outcome.stop_reason == "patience" and outcome.measured == 5
+
+
+def test_time_budget_stops_a_study(store):
+    outcome = run_study(session_for(store, StandInEvaluator()), NAIVE, P1024,
+                        Budget(trials=30, timeout_s=1e-6, patience=None))
+    assert outcome.stop_reason == "time budget" and outcome.measured_now == 0
+    assert outcome.run_state == "finished"
+
+
+def test_a_small_space_ends_when_every_accepted_config_is_measured(store):
+    evaluator = StandInEvaluator()
+    outcome = run_study(session_for(store, evaluator, batch=2), SMEM, P1024,
+                        Budget(trials=10, timeout_s=None, patience=None))
+    assert outcome.stop_reason == "search space exhausted"
+    assert sorted(c["TILE"] for _, c, _ in evaluator.calls) == [8, 16, 32]
+
+
+def test_ctrl_c_stops_between_trials_and_marks_the_run_interrupted(store):
+    database, storage = store
+    evaluator = StandInEvaluator(interrupt_after=3)  # SIGINT during the third evaluation
+    with StopRequest() as stop:
+        outcome = run_study(session_for(store, evaluator, batch=3, stop=stop), NAIVE, P1024,
+                            Budget(trials=20, timeout_s=None, patience=None))
+    assert outcome.run_state == "interrupted" and outcome.measured_now == 3
+    assert database.get_run(outcome.run_id).state == "interrupted"
+    assert database.count_trials(outcome.run_id)["ok"] == 3  # the trial in hand was kept
+    study = optuna.load_study(study_name=outcome.study_name, storage=storage)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+
+    # and the next run picks the study up where it stopped
+    again = run_study(session_for(store, StandInEvaluator()), NAIVE, P1024,
+                      Budget(trials=5, timeout_s=None, patience=None))
+    assert (again.measured, again.measured_now) == (5, 2)
+
+
+def test_a_new_problem_starts_from_the_best_configs_of_nearby_problems(store):
+    tuned = StandInEvaluator()
+    near = run_study(session_for(store, tuned), NAIVE, Problem(1024, 1024, 512),
+                     Budget(trials=8, timeout_s=None, patience=None))
+    far = run_study(session_for(store, tuned), NAIVE, Problem(64, 64, 64),
+                    Budget(trials=8, timeout_s=None, patience=None))
+    assert near.best_config != far.best_config or pytest.skip("both bests coincide")
+
+    fresh = StandInEvaluator()
+    run_study(session_for(store, fresh), NAIVE, P1024, Budget(trials=3, timeout_s=None,
+                                                               patience=None))
+    first_two = [config for _, config, _ in fresh.calls[:2]]
+    assert first_two == [near.best_config, far.best_config]  # nearest first
+
+
+def test_a_new_gpu_starts_from_the_same_problem_tuned_on_another_gpu(store):
+    other = StandInEvaluator(gpu_name="Other GPU", gpu_uuid="GPU-other")
+    tuned = run_study(session_for(store, other), NAIVE, P1024,
+                      Budget(trials=8, timeout_s=None, patience=None))
+    here = StandInEvaluator()
+    run_study(session_for(store, here), NAIVE, P1024, Budget(trials=2, timeout_s=None,
+                                                              patience=None))
+    assert here.calls[0][1] == tuned.best_config
+
+
+def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(store):
+    database, _ = store
+    evaluator = StandInEvaluator()
+    problems = [Problem(512, 512, 512), Problem(1023, 1025, 999)]
+    summary = tune_all(session_for(store, evaluator), [NAIVE, SMEM], problems,
+                       Budget(trials=4, timeout_s=None, patience=None), total_seconds=60)
+    assert evaluator.baselines == problems
+    assert len(summary.outcomes) == 4 and not summary.interrupted
+    for problem in problems:
+        problem_id = database.ensure_problem(problem.m, problem.n, problem.k)
+        baseline = database.latest_baseline(database.list_gpus()[0].id, problem_id)
+        assert baseline is not None and baseline.gflops == summary.baselines[problem].gflops
+    table = summary.table()
+    assert "512x512x512" in table and "1023x1025x999" in table and "of cuBLAS" in table
+    for problem in problems:
+        family, outcome = summary.best(problem)
+        fraction = outcome.best_gflops / summary.baselines[problem].gflops
+        assert f"{fraction:.2f}" in table and family.name in table
