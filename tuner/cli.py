@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", metavar="DIR", default=None,
                         help="CUBIN cache folder (default: $GEMMTUNE_CACHE, else "
                              "$XDG_CACHE_HOME/gemmtune/cubins)")
+    parser.add_argument("--replay", metavar="FILE", default=None,
+                        help="no GPU: answer every candidate from a recording (tuner.recording); "
+                             "families and shapes default to the recorded ones")
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU and no database: compile a seeded sample of accepted "
                              "configs per family and print registers, shared memory, spills "
@@ -189,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      workers=args.workers or default_workers(), out=sys.stdout)
         return EXIT_OK if ok else EXIT_FAILED
 
+    if args.replay:
+        from tuner.replay import replay_main
+
+        return replay_main(args)
     from tuner.live import GpuUnavailable, LiveEvaluator
 
     try:

@@ -1,0 +1,430 @@
+"""Recordings: every measured result of a sweep over kernel configs, kept in one small file.
+
+A recording lets the tuner run without a GPU (``tuner.replay``) and lets a search strategy be
+judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
+
+File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout::
+
+    {"format": "gemmtune-recording", "version": 1,
+     "created_at": ISO-8601 UTC, "arch": "sm_90", "nvrtc_version": "13.0",
+     "gpu": {the fields of db.GpuInfo},
+     "note": free text (who made it and how),
+     "families": {name: {"source_hash": hex,
+                         "params": [parameter names, in the family's order],
+                         "grid": {parameter: [values the sweep drew from]},
+                         "selection": {"mode": "full" | "sample", "accepted": M,
+                                       "recorded": N, "seed": S | null, "text": "..."}}},
+     "result_fields": [RESULT_FIELDS, the column order of every result row],
+     "problems": [{"m", "n", "k", "dtype", "layout", "general_alpha_beta",
+                   "baseline": {"library", "time_min_ms", "time_median_ms", "time_max_ms",
+                                "launches", "gflops", "sm_clock_mhz"} | null,
+                   "results": {family: [[*config values, *result values], ...]}}]}
+
+A config is stored as its values in the family's parameter order; names appear once, in the
+family header. ``selection`` says how the configs were chosen: the full accepted space of the
+grid, or a uniform sample of N of its M accepted configs with seed S.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuner.evaluator import MISSING, OK, Baseline, Measurement
+from tuner.problem import Problem
+
+FORMAT = "gemmtune-recording"
+VERSION = 1
+
+# What a state may be in a recording: every trial state except the two that never reach a GPU
+# (rejected: the constraints refuse it; missing: the replay's own answer for an absent config).
+RECORDED_STATES = ("ok", "compile_error", "launch_error", "wrong_result", "timeout", "crashed")
+
+# Per (family, problem, config): the measurement exactly as the tuner takes it, then the
+# compile resources. Times in ms, clocks in MHz, shared memory and spills in bytes.
+RESULT_FIELDS = (
+    "state", "error", "time_min_ms", "time_median_ms", "time_max_ms", "launches", "gflops",
+    "sm_clock_mhz", "rel_error", "registers", "shared_bytes", "spill_bytes", "occupancy",
+    "compile_seconds",
+)
+
+GPU_FIELDS = ("name", "uuid", "compute_capability", "sm_count", "memory_bytes",
+              "max_sm_clock_mhz", "driver_version", "cuda_version", "nvrtc_version")
+
+
+class RecordingError(ValueError):
+    """A recording file that cannot be used; the message names the file and what is wrong."""
+
+
+# ------------------------------------------------------------------ in-memory form
+
+
+@dataclass(frozen=True)
+class RecordedResult:
+    state: str
+    error: str | None = None
+    time_min_ms: float | None = None
+    time_median_ms: float | None = None
+    time_max_ms: float | None = None
+    launches: int | None = None
+    gflops: float | None = None
+    sm_clock_mhz: float | None = None
+    rel_error: float | None = None
+    registers: int | None = None
+    shared_bytes: int | None = None
+    spill_bytes: int | None = None
+    occupancy: float | None = None
+    compile_seconds: float | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.state == OK and self.gflops is not None and self.gflops > 0
+
+    def row(self) -> list[Any]:
+        return [getattr(self, name) for name in RESULT_FIELDS]
+
+    def measurement(self) -> Measurement:
+        """What the tuner's search loop receives: the same fields a live evaluation gives."""
+        return Measurement(
+            state=self.state, error=self.error, compile_seconds=self.compile_seconds,
+            registers=self.registers, shared_bytes=self.shared_bytes,
+            spill_bytes=self.spill_bytes, occupancy=self.occupancy,
+            time_min_ms=self.time_min_ms, time_median_ms=self.time_median_ms,
+            time_max_ms=self.time_max_ms, launches=self.launches, gflops=self.gflops,
+            sm_clock_mhz=self.sm_clock_mhz,
+        )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RecordedResult:
+        return cls(**{name: values.get(name) for name in RESULT_FIELDS})
+
+
+def missing_measurement(family: str, problem: Problem) -> Measurement:
+    return Measurement(state=MISSING,
+                       error=f"not in the recording ({family} at {problem.shape})")
+
+
+@dataclass(frozen=True)
+class Selection:
+    mode: Literal["full", "sample"]
+    accepted: int  # accepted configs in the grid
+    recorded: int  # configs chosen for the sweep
+    seed: int | None = None
+
+    @property
+    def text(self) -> str:
+        if self.mode == "full":
+            return f"full accepted space of the grid ({self.accepted} configs)"
+        return (f"uniform sample of {self.recorded} of {self.accepted} accepted configs of the "
+                f"grid, seed {self.seed}")
+
+
+@dataclass
+class FamilyHeader:
+    name: str
+    source_hash: str
+    params: tuple[str, ...]
+    grid: dict[str, tuple[int, ...]]
+    selection: Selection
+
+    def values(self, config: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(int(config[name]) for name in self.params)
+
+    def config(self, values: tuple[int, ...]) -> dict[str, int]:
+        return dict(zip(self.params, values))
+
+
+@dataclass
+class ProblemRecording:
+    problem: Problem
+    baseline: dict[str, Any] | None = None  # GpuBench.baseline() as measured
+    results: dict[str, dict[tuple[int, ...], RecordedResult]] = field(default_factory=dict)
+
+    def baseline_result(self) -> Baseline | None:
+        if not self.baseline:
+            return None
+        return Baseline(self.baseline.get("library", "cublas"),
+                        float(self.baseline["time_median_ms"]), float(self.baseline["gflops"]),
+                        self.baseline.get("sm_clock_mhz"))
+
+
+@dataclass
+class Recording:
+    gpu: dict[str, Any]
+    arch: str
+    nvrtc_version: str | None
+    families: dict[str, FamilyHeader]
+    problems: list[ProblemRecording]
+    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    note: str = ""
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def problem(self, problem: Problem) -> ProblemRecording | None:
+        for entry in self.problems:
+            if entry.problem == problem:
+                return entry
+        return None
+
+    def result(self, family: str, problem: Problem, config: Mapping[str, int]
+               ) -> RecordedResult | None:
+        entry, header = self.problem(problem), self.families.get(family)
+        if entry is None or header is None:
+            return None
+        try:
+            return entry.results.get(family, {}).get(header.values(config))
+        except KeyError:  # a config that lacks one of the recorded parameters
+            return None
+
+    def results(self, family: str, problem: Problem
+                ) -> Iterator[tuple[dict[str, int], RecordedResult]]:
+        entry, header = self.problem(problem), self.families[family]
+        for values, result in ({} if entry is None else entry.results.get(family, {})).items():
+            yield header.config(values), result
+
+    def optimum(self, family: str, problem: Problem) -> tuple[dict[str, int], float] | None:
+        """The best verified config recorded for (family, problem) and its GFLOP/s."""
+        best = max(((c, r.gflops) for c, r in self.results(family, problem) if r.usable),
+                   key=lambda item: item[1], default=None)
+        return None if best is None else (best[0], float(best[1]))  # type: ignore[arg-type]
+
+    def pairs(self) -> list[tuple[str, Problem]]:
+        """Every (family, problem) with at least one recorded result."""
+        return [(name, entry.problem) for entry in self.problems
+                for name in self.families if entry.results.get(name)]
+
+    def add(self, family: str, problem: Problem, config: Mapping[str, int],
+            result: RecordedResult) -> None:
+        entry = self.problem(problem)
+        if entry is None:
+            entry = ProblemRecording(problem)
+            self.problems.append(entry)
+        entry.results.setdefault(family, {})[self.families[family].values(config)] = result
+
+    # ---- files ----------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": VERSION,
+            "created_at": self.created_at.astimezone(timezone.utc).isoformat(),
+            "arch": self.arch, "nvrtc_version": self.nvrtc_version,
+            "gpu": {name: self.gpu.get(name) for name in GPU_FIELDS},
+            "note": self.note,
+            "families": {
+                name: {"source_hash": h.source_hash, "params": list(h.params),
+                       "grid": {p: list(v) for p, v in h.grid.items()},
+                       "selection": {"mode": h.selection.mode, "accepted": h.selection.accepted,
+                                     "recorded": h.selection.recorded,
+                                     "seed": h.selection.seed, "text": h.selection.text}}
+                for name, h in self.families.items()
+            },
+            "result_fields": list(RESULT_FIELDS),
+            "problems": [
+                {"m": e.problem.m, "n": e.problem.n, "k": e.problem.k, "dtype": e.problem.dtype,
+                 "layout": e.problem.layout,
+                 "general_alpha_beta": e.problem.general_alpha_beta,
+                 "baseline": e.baseline,
+                 "results": {name: [[*values, *_json_safe(result.row())]
+                                    for values, result in rows.items()]
+                             for name, rows in e.results.items()}}
+                for e in self.problems
+            ],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        data = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
+        if path.suffix == ".gz":
+            # mtime=0: the same recording gives the same bytes (clean diffs, stable hashes)
+            tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+        else:
+            tmp.write_bytes(data)
+        tmp.replace(path)  # never a half-written recording under the real name
+        return path
+
+
+def _json_safe(values: list[Any]) -> list[Any]:
+    return [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+
+
+# ------------------------------------------------------------------ the file schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _SelectionModel(_Strict):
+    mode: Literal["full", "sample"]
+    accepted: int = Field(ge=0)
+    recorded: int = Field(ge=0)
+    seed: int | None = None
+    text: str
+
+
+class _FamilyModel(_Strict):
+    source_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    params: list[str] = Field(min_length=1)
+    grid: dict[str, list[int]]
+    selection: _SelectionModel
+
+    @model_validator(mode="after")
+    def _grid_matches_params(self) -> _FamilyModel:
+        if len(set(self.params)) != len(self.params):
+            raise ValueError(f"params {self.params} name a parameter twice")
+        if set(self.grid) != set(self.params):
+            raise ValueError(f"grid names {sorted(self.grid)} but params are {self.params}")
+        empty = [name for name, values in self.grid.items() if not values]
+        if empty:
+            raise ValueError(f"grid gives no values for {', '.join(empty)}")
+        return self
+
+
+class _BaselineModel(BaseModel):
+    library: str
+    time_median_ms: float = Field(gt=0)
+    gflops: float = Field(gt=0)
+    time_min_ms: float | None = None
+    time_max_ms: float | None = None
+    launches: int | None = None
+    sm_clock_mhz: float | None = None
+
+
+class _ProblemModel(_Strict):
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    dtype: str = "fp32"
+    layout: str = "row-major"
+    general_alpha_beta: bool = True
+    baseline: _BaselineModel | None = None
+    results: dict[str, list[list[Any]]]
+
+
+class _GpuModel(_Strict):
+    name: str
+    uuid: str
+    compute_capability: str
+    sm_count: int
+    memory_bytes: int
+    max_sm_clock_mhz: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    nvrtc_version: str | None = None
+
+
+class _RecordingModel(_Strict):
+    format: Literal["gemmtune-recording"]
+    version: int
+    created_at: datetime
+    arch: str
+    nvrtc_version: str | None = None
+    gpu: _GpuModel
+    note: str = ""
+    families: dict[str, _FamilyModel]
+    result_fields: list[str]
+    problems: list[_ProblemModel]
+
+
+def _result_from_row(tail: list[Any], where: str) -> RecordedResult:
+    values = dict(zip(RESULT_FIELDS, tail))
+    state = values["state"]
+    if state not in RECORDED_STATES:
+        raise RecordingError(f"{where}: state {state!r} is not allowed; allowed: "
+                             f"{', '.join(RECORDED_STATES)}")
+    for name in RESULT_FIELDS[2:]:
+        value = values[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecordingError(f"{where}: {name} must be a number or null, got {value!r}")
+    if values["error"] is not None and not isinstance(values["error"], str):
+        raise RecordingError(f"{where}: error must be text or null, got {values['error']!r}")
+    result = RecordedResult.from_mapping(values)
+    if state == OK and not result.usable:
+        raise RecordingError(f"{where}: state ok needs a positive gflops, got {result.gflops!r}")
+    return result
+
+
+def from_json(data: Any, source: str = "recording") -> Recording:
+    """Validates a decoded recording; raises RecordingError naming the first problem found."""
+    try:
+        model = _RecordingModel.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise RecordingError(
+            f"{source}: not a valid gemmtune recording: {location}: {first['msg']}"
+            + (f" ({error.error_count() - 1} more problems)" if error.error_count() > 1 else "")
+        ) from None
+    if model.version != VERSION:
+        raise RecordingError(f"{source}: recording format version {model.version} is not "
+                             f"supported; this gemmtune reads version {VERSION}")
+    if tuple(model.result_fields) != RESULT_FIELDS:
+        raise RecordingError(f"{source}: result_fields {model.result_fields} differ from the "
+                             f"ones this version reads: {list(RESULT_FIELDS)}")
+    families: dict[str, FamilyHeader] = {}
+    for name, fam in model.families.items():
+        sel = fam.selection
+        families[name] = FamilyHeader(
+            name=name, source_hash=fam.source_hash, params=tuple(fam.params),
+            grid={p: tuple(fam.grid[p]) for p in fam.params},
+            selection=Selection(sel.mode, sel.accepted, sel.recorded, sel.seed),
+        )
+    problems: list[ProblemRecording] = []
+    seen: set[Problem] = set()
+    for index, p in enumerate(model.problems):
+        problem = Problem(p.m, p.n, p.k, p.dtype, p.layout, p.general_alpha_beta)
+        if problem in seen:
+            raise RecordingError(f"{source}: problem {problem.shape} appears twice")
+        seen.add(problem)
+        entry = ProblemRecording(problem, None if p.baseline is None else p.baseline.model_dump())
+        for name, rows in p.results.items():
+            header = families.get(name)
+            if header is None:
+                raise RecordingError(f"{source}: problems[{index}] has results for family "
+                                     f"{name!r}, which the header does not describe; described: "
+                                     f"{', '.join(families) or 'none'}")
+            width = len(header.params) + len(RESULT_FIELDS)
+            table: dict[tuple[int, ...], RecordedResult] = {}
+            for row_index, row in enumerate(rows):
+                where = f"{source}: {name} at {problem.shape}, row {row_index}"
+                if len(row) != width:
+                    raise RecordingError(f"{where}: {len(row)} values, expected {width} "
+                                         f"({len(header.params)} parameters + "
+                                         f"{len(RESULT_FIELDS)} result fields)")
+                values = row[:len(header.params)]
+                for param, value in zip(header.params, values):
+                    if isinstance(value, bool) or not isinstance(value, int) \
+                            or value not in header.grid[param]:
+                        raise RecordingError(f"{where}: {param}={value!r} is not in the recorded "
+                                             f"grid {list(header.grid[param])}")
+                key = tuple(values)
+                if key in table:
+                    raise RecordingError(f"{where}: config {header.config(key)} appears twice")
+                table[key] = _result_from_row(row[len(header.params):], where)
+            entry.results[name] = table
+        problems.append(entry)
+    return Recording(gpu=model.gpu.model_dump(), arch=model.arch,
+                     nvrtc_version=model.nvrtc_version, families=families, problems=problems,
+                     created_at=model.created_at, note=model.note)
+
+
+def load(path: str | Path) -> Recording:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise RecordingError(f"cannot read recording {str(path)!r}: {error.strerror}") from None
+    try:
+        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        data = json.loads(text)
+    except (OSError, EOFError, ValueError) as error:
+        raise RecordingError(f"{path}: not a gzip-compressed or plain JSON recording "
+                             f"({error})") from None
+    return from_json(data, str(path))
