@@ -186,8 +186,12 @@ class GpuBench:
 # ------------------------------------------------------------------ planted kernels
 
 _PLANTED_SOURCE = r"""
-// A correct but slow GEMM (MODE 0), or a planted fault: an illegal address (MODE 1) or a
-// kernel that never ends (MODE 2). One thread per element of C.
+// A correct but slow GEMM (MODE 0), or a planted fault: an illegal address (MODE 1), a
+// kernel that never ends (MODE 2), or source that does not compile (MODE 3).
+// One thread per element of C.
+#if MODE == 3
+#error planted compile error
+#endif
 extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
                              const float* B, int ldb, float beta, float* C, int ldc,
                              float* workspace) {
@@ -210,7 +214,7 @@ extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, i
 }
 """
 
-PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP = 0, 1, 2
+PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP, PLANTED_COMPILE_ERROR = 0, 1, 2, 3
 
 
 class PlantedFamily(kernels.Family):
@@ -219,10 +223,12 @@ class PlantedFamily(kernels.Family):
 
     name = "planted"
     rung = 99
-    description = "test family: correct (MODE 0), illegal address (1), infinite loop (2)"
+    description = ("test family: correct (MODE 0), illegal address (1), infinite loop (2), "
+                   "compile error (3)")
     source_file = ""
-    params = (kernels.Param("MODE", (PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP),
-                            "0 correct, 1 illegal address, 2 infinite loop"),)
+    params = (kernels.Param("MODE", (PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP,
+                                     PLANTED_COMPILE_ERROR),
+                            "0 correct, 1 illegal address, 2 infinite loop, 3 compile error"),)
     kernel_name = "k"
     threads_per_block = 256
 

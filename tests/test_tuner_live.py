@@ -1,0 +1,98 @@
+"""The live evaluator's machinery on CPU: real NVRTC compiles in the spawn pool, a real GPU
+child process — running the stand-in bench (tuner.testing) instead of tuner.gpu — that faults,
+hangs and dies, and is replaced each time."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import db
+import kernels
+import optuna
+import pytest
+
+from tuner.live import GpuUnavailable, LiveEvaluator
+from tuner.problem import Problem
+from tuner.search import Budget, Session, run_study
+from tuner.testing import (PLANTED_COMPILE_ERROR, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP,
+                           PLANTED_OK, PlantedFamily)
+
+PLANTED = PlantedFamily()
+SMALL = Problem(64, 48, 32)
+TRIAL_TIMEOUT_S = 3.0
+
+
+def cubin_digest(mode: int, cache) -> str:
+    compiled = kernels.compile_config(PLANTED, {"MODE": mode}, cache_dir=cache)
+    return hashlib.sha256(compiled.cubin).hexdigest()
+
+
+@pytest.fixture
+def planted_evaluator(tmp_path):
+    cache = tmp_path / "cubins"
+    faults = {cubin_digest(PLANTED_ILLEGAL_ADDRESS, cache): "fault",
+              cubin_digest(PLANTED_INFINITE_LOOP, cache): "hang"}
+    evaluator = LiveEvaluator(0, cache_dir=cache, workers=2, trial_timeout_s=TRIAL_TIMEOUT_S,
+                              backend="tuner.testing", backend_options={"faults": faults})
+    yield evaluator
+    evaluator.close()
+
+
+def test_a_fault_or_a_hang_is_recorded_and_the_gpu_process_replaced(planted_evaluator):
+    evaluator = planted_evaluator
+    evaluator.set_problem(SMALL)
+    ok = evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+    assert ok.state == "ok" and ok.gflops > 0 and ok.registers > 0 and 0 < ok.occupancy <= 1
+    first_pid = evaluator.child.process.pid
+
+    crashed = evaluator.evaluate(PLANTED, {"MODE": PLANTED_ILLEGAL_ADDRESS}, SMALL)
+    assert crashed.state == "crashed" and "ILLEGAL_ADDRESS" in crashed.error
+    second_pid = evaluator.child.process.pid
+    assert second_pid != first_pid
+
+    started = time.monotonic()
+    hung = evaluator.evaluate(PLANTED, {"MODE": PLANTED_INFINITE_LOOP}, SMALL)
+    assert hung.state == "timeout" and f"{TRIAL_TIMEOUT_S:g} s" in hung.error
+    assert TRIAL_TIMEOUT_S <= time.monotonic() - started < TRIAL_TIMEOUT_S + 30
+    assert evaluator.child.process.pid != second_pid and evaluator.replacements == 2
+
+    # the fresh process was given the problem again (the stand-in refuses to time without one)
+    assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
+
+    broken = evaluator.evaluate(PLANTED, {"MODE": PLANTED_COMPILE_ERROR}, SMALL)
+    assert broken.state == "compile_error" and "planted compile error" in broken.error
+    assert evaluator.replacements == 2  # a compile error never touches the GPU process
+
+
+def test_a_gpu_process_that_dies_is_recorded_as_crashed(tmp_path):
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       backend_options={"faults": {"k": "exit"}}) as evaluator:
+        result = evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+        assert result.state == "crashed" and "exit code 3" in result.error
+        assert evaluator.replacements == 1 and evaluator.child.process.is_alive()
+
+
+def test_a_study_goes_on_past_planted_faults_and_records_each(planted_evaluator, tmp_path):
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    info = planted_evaluator.info()
+    session = Session(database=database, evaluator=planted_evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                      sampler="random", batch=2, progress=False)
+    outcome = run_study(session, PLANTED, SMALL, Budget(trials=10, timeout_s=120, patience=None))
+    assert outcome.stop_reason == "search space exhausted" and outcome.run_state == "finished"
+    states = {t.params["MODE"]: (t.state, t.error) for t in database.run_history(outcome.run_id)}
+    assert states[PLANTED_OK][0] == "ok"
+    assert states[PLANTED_ILLEGAL_ADDRESS][0] == "crashed"
+    assert states[PLANTED_INFINITE_LOOP][0] == "timeout"
+    assert states[PLANTED_COMPILE_ERROR][0] == "compile_error"
+    assert all(error for state, error in states.values() if state != "ok")
+    assert outcome.best_config == {"MODE": PLANTED_OK}
+    database.close()
+
+
+def test_no_gpu_is_reported_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMTUNE_STANDIN_NO_GPU", "no CUDA driver in this test")
+    with pytest.raises(GpuUnavailable, match="no CUDA driver in this test"):
+        LiveEvaluator(0, cache_dir=tmp_path, backend="tuner.testing")
