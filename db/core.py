@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
+from typing import Self
 
 from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
@@ -26,7 +27,7 @@ class DatabaseCore:
     def close(self) -> None:
         self._engine.dispose()
 
-    def __enter__(self) -> "DatabaseCore":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

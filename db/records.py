@@ -31,10 +31,14 @@ class GpuInfo:
     nvrtc_version: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.name.strip():
-            raise bad_value("GPU name", self.name, "a non-empty string")
-        if not self.uuid.strip():
-            raise bad_value("GPU uuid", self.uuid, "a non-empty string")
+        for what in ("name", "uuid", "compute_capability"):
+            value = getattr(self, what)
+            if not isinstance(value, str) or not value.strip():
+                raise bad_value(f"GPU {what}", value, "a non-empty string")
+        for what in ("sm_count", "memory_bytes"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise bad_value(f"GPU {what}", value, "a positive int")
 
 
 def _check_optional_number(name: str, value: float | None, *, positive: bool = False) -> None:

@@ -129,6 +129,8 @@ class Writes(DatabaseCore):
         """Store one trial (one INSERT, committed before returning); returns the trial id."""
         if not isinstance(record, TrialRecord):
             raise bad_value("trial record", record, "a db.TrialRecord")
+        if isinstance(run_id, bool) or not isinstance(run_id, int):
+            raise bad_value("run id", run_id, "an int (the id start_run returned)")
         row = TrialRow(
             run_id=run_id, number=record.number, params=dict(record.params),
             state=record.state, error=record.error, compile_seconds=record.compile_seconds,

@@ -321,6 +321,8 @@ def test_results_are_plain_frozen_dataclasses(database: db.Database) -> None:
     (lambda: db.TrialRecord(0, {"BM": 64}, "ok", gflops=10.0), ["'ok'", "time_median_ms"]),
     (lambda: db.TrialRecord(0, {"BM": 64}, "ok", time_median_ms=1.0, gflops=1.0,
                             occupancy=1.5), ["1.5", "0..1"]),
+    (lambda: gpu_info(uuid=" "), ["GPU uuid", "non-empty"]),
+    (lambda: gpu_info(sm_count=0), ["GPU sm_count", "0", "positive int"]),
 ])
 def test_bad_trial_records_are_refused_with_what_is_allowed(make, names: list[str]) -> None:
     with pytest.raises(db.InvalidInputError) as caught:
@@ -343,6 +345,7 @@ def test_bad_arguments_name_the_value_and_nothing_is_written(database: db.Databa
         (lambda: database.trials(run_id, state="fine"), ["'fine'", "'wrong_result'"]),
         (lambda: database.list_runs(state="paused"), ["'paused'", "'running'"]),
         (lambda: database.trials(run_id, limit=0), ["limit", "0"]),
+        (lambda: database.add_trial(str(run_id), ok(1, 5.0)), ["run id", f"'{run_id}'"]),
         (lambda: database.start_run(gpu_id=999, problem_id=1, family_id=1, sampler="tpe",
                                     seed=None, budget={}, host="h", command="c",
                                     study_name=None), ["gpu_id", "999", "gt_gpus"]),
