@@ -1,0 +1,88 @@
+"""NVRTC compiles of every family (no GPU needed), the ptxas report and the CUBIN cache."""
+import multiprocessing
+import random
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from kernels import FAMILIES, CompileError, ConfigError, compile_config, get_family
+from kernels.compiler import compile_program, parse_ptxas_report
+from kernels.families.smem import SharedMemory
+
+SAMPLES_PER_FAMILY = 20
+
+
+def _compile(job):
+    name, config, arch, cache = job
+    ck = compile_config(get_family(name), config, arch, cache_dir=cache)
+    return ck.main, ck.arch, len(ck.cubin)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_family_compiles_a_random_sample(arch, tmp_path):
+    seed = random.randrange(1 << 30)
+    jobs = [(name, c, arch, str(tmp_path)) for name, fam in FAMILIES.items()
+            for c in fam.sample_accepted(SAMPLES_PER_FAMILY, seed=seed, arch=arch)]
+    assert len(jobs) >= 20 * len(FAMILIES) - 17  # smem has only 3 configs
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for (name, config, _, _), (main, got_arch, size) in zip(jobs, pool.map(_compile, jobs)):
+            assert got_arch == arch and size > 0
+            assert main.registers > 0, (name, config)
+
+
+def test_ptxas_report_is_parsed():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'gemm' for 'sm_90'
+ptxas info    : Function properties for gemm
+ptxas         .     40 bytes stack frame, 36 bytes spill stores, 32 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 2048 bytes smem
+ptxas info    : Compiling entry function 'gemm_splitk_reduce' for 'sm_90'
+ptxas info    : Function properties for gemm_splitk_reduce
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 22 registers"""
+    r = parse_ptxas_report(log)
+    assert r["gemm"].registers == 255 and r["gemm"].shared_static_bytes == 2048
+    assert (r["gemm"].spill_store_bytes, r["gemm"].spill_load_bytes, r["gemm"].stack_bytes) == (36, 32, 40)
+    assert r["gemm_splitk_reduce"].registers == 22 and r["gemm_splitk_reduce"].shared_static_bytes == 0
+
+
+def test_report_comes_from_a_real_compile(tmp_path):
+    ck = compile_config(get_family("smem"), {"TILE": 16}, "sm_90", cache_dir=tmp_path)
+    assert ck.main.shared_static_bytes == 2 * 16 * 16 * 4
+    assert "Used" in ck.log
+
+
+def test_cache_hits_and_invalidates(tmp_path):
+    fam = get_family("smem")
+    first = compile_config(fam, {"TILE": 16}, "sm_90", cache_dir=tmp_path)
+    again = compile_config(fam, {"TILE": 16}, "sm_90", cache_dir=tmp_path)
+    assert (first.cached, again.cached) == (False, True)
+    assert again.cubin == first.cubin and again.resources == first.resources
+    assert not compile_config(fam, {"TILE": 32}, "sm_90", cache_dir=tmp_path).cached   # other params
+    assert not compile_config(fam, {"TILE": 16}, "sm_80", cache_dir=tmp_path).cached   # other arch
+
+    class Edited(SharedMemory):  # same family, edited source: never the stale binary
+        @property
+        def source(self):
+            return super().source.replace("acc += As[ty][kk] * Bs[kk][tx];", "acc = fmaf(As[ty][kk], Bs[kk][tx], acc);")
+
+    edited = compile_config(Edited(), {"TILE": 16}, "sm_90", cache_dir=tmp_path)
+    assert not edited.cached and Edited().source_hash != fam.source_hash
+
+    for f in tmp_path.glob("*.json"):  # a damaged entry is rebuilt, not trusted
+        f.write_text("{not json")
+    assert not compile_config(fam, {"TILE": 16}, "sm_90", cache_dir=tmp_path).cached
+
+
+def test_rejected_config_is_not_compiled(tmp_path):
+    fam = get_family("vectorized")
+    config = dict(BM=64, BN=64, BK=16, TM=16, TN=16, PADA=0, PADB=0, RASTER=1)
+    with pytest.raises(ConfigError, match="TM\\*TN must be at most 128"):
+        compile_config(fam, config, "sm_90", cache_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_compile_error_carries_the_log():
+    with pytest.raises(CompileError) as e:
+        compile_program('extern "C" __global__ void gemm() { undefined_thing(); }', "sm_90")
+    assert "undefined_thing" in e.value.log

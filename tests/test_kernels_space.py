@@ -1,0 +1,101 @@
+"""Parameter spaces, constraints and launch geometry of every family (CPU only)."""
+import random
+
+import pytest
+
+from kernels import FAMILIES, ConfigError, get_family
+
+
+def test_ladder_order_and_names():
+    assert [f.rung for f in FAMILIES.values()] == list(range(1, 9))
+    assert list(FAMILIES) == ["naive", "smem", "blocktile1d", "blocktile2d", "vectorized", "warptile",
+                              "pipelined", "splitk"]
+
+
+def test_unknown_family_lists_known():
+    with pytest.raises(ConfigError, match="known families: naive, smem"):
+        get_family("cutlass")
+
+
+def test_unknown_parameter_and_value_are_named():
+    fam = get_family("smem")
+    with pytest.raises(ConfigError, match=r"no parameter 'BM'.*parameters are TILE"):
+        fam.reject_reasons({"TILE": 16, "BM": 3})
+    with pytest.raises(ConfigError, match=r"TILE=12 is not allowed; allowed values are 8, 16, 32"):
+        fam.reject_reasons({"TILE": 12})
+    with pytest.raises(ConfigError, match="missing TILE"):
+        fam.reject_reasons({})
+
+
+@pytest.mark.parametrize("dims", [(0, 4, 4), (4, -1, 4), (4, 4, 0)])
+def test_non_positive_dimension_is_a_value_error(dims):
+    fam = get_family("naive")
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        fam.launches({"BX": 32, "BY": 4, "COALESCED": 1}, *dims)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_rejected_config_carries_a_reason(name):
+    fam = get_family(name)
+    rng = random.Random(7)
+    names = [p.name for p in fam.params]
+    rejected = 0
+    for _ in range(400):
+        config = {p.name: rng.choice(p.values) for p in fam.params}
+        reasons = fam.reject_reasons(config)
+        assert all(isinstance(r, str) and r for r in reasons)
+        rejected += bool(reasons)
+        assert fam.accepts(config) == (not reasons)
+    assert names  # every family is tunable
+    if fam.constraints:
+        assert rejected > 0
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_pruned_enumeration_matches_filtering(name):
+    fam = get_family(name)
+    accepted = fam.accepted_configs()
+    assert accepted, f"{name} accepts nothing"
+    rng = random.Random(1)
+    accepted_set = {tuple(c.values()) for c in accepted}
+    for _ in range(300):  # random full configs agree with the pruned enumeration
+        config = {p.name: rng.choice(p.values) for p in fam.params}
+        assert (tuple(config.values()) in accepted_set) == fam.accepts(config)
+
+
+def test_search_ranges_are_wide_enough_to_matter():
+    warp = get_family("pipelined")
+    values = {p.name: p.values for p in warp.params}
+    assert min(values["BM"]) <= 32 and max(values["BM"]) >= 256
+    assert values["STAGES"] == (2, 3, 4)
+    assert {64, 512} <= set(values["THREADS"])
+    assert max(dict((p.name, p.values) for p in get_family("splitk").params)["SPLITK"]) == 32
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1023, 1025, 999), (16, 4096, 4096)])
+def test_launch_grid_covers_the_output(name, shape):
+    fam = get_family(name)
+    m, n, k = shape
+    for config in fam.sample_accepted(5, seed=2):
+        launches = fam.launches(config, m, n, k)
+        tm, tn = fam.tiles(config, m, n)
+        main = launches[0]
+        assert main.grid[0] * tm * tn >= m * n
+        assert main.grid[0] == -(-m // tm) * -(-n // tn)
+        assert main.block[0] == fam.threads(config)
+        assert main.grid[2] == fam.splits(config)
+        if fam.splits(config) > 1:
+            assert launches[1].kernel == "gemm_splitk_reduce"
+            assert fam.workspace_bytes(config, m, n, k) == 4 * m * n * fam.splits(config)
+
+
+def test_shared_memory_limit_depends_on_arch():
+    fam = get_family("pipelined")
+    base = dict(BM=256, BN=128, BK=32, WM=64, WN=64, WNITER=2, TM=4, TN=4, THREADS=256, PADA=4, RASTER=1, STAGES=4)
+    assert fam.shared_bytes(base) == 4 * 4 * 32 * (256 + 4 + 128)  # 194 KiB
+    assert fam.reject_reasons(base, "sm_90") == []
+    assert any("shared memory" in r and "sm_86 allows" in r for r in fam.reject_reasons(base, "sm_86"))
+    assert fam.reject_reasons(dict(base, STAGES=2), "sm_86") == []  # 97 KiB fits in 99 KiB
+    too_big = dict(base, BN=256, THREADS=512)  # 264 KiB
+    assert any("shared memory" in r for r in fam.reject_reasons(too_big, "sm_90"))
