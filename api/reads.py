@@ -92,14 +92,17 @@ class Reads:
     def gpus(self) -> list[s.GpuOut]:
         return [gpu_out(g) for g in self.db.list_gpus()]
 
+    def unknown_gpu(self, gpu: str) -> ApiError:
+        known = self.db.list_gpus()
+        listing = ", ".join(f"{g.name} ({g.uuid})" for g in known) or "(none recorded yet)"
+        allowed = sorted({g.name for g in known}) + sorted(g.uuid for g in known)
+        return ApiError(404, f"unknown GPU {gpu!r}; known GPUs (name or UUID): {listing}", allowed)
+
     def resolve_gpu(self, gpu: str) -> list[db.Gpu]:
         """The GPUs a name or UUID names; 404 listing the known ones when there is none."""
         found = self.db.find_gpus(gpu)
         if not found:
-            known = self.db.list_gpus()
-            listing = ", ".join(f"{g.name} ({g.uuid})" for g in known) or "(none recorded yet)"
-            allowed = sorted({g.name for g in known}) + sorted(g.uuid for g in known)
-            raise ApiError(404, f"unknown GPU {gpu!r}; known GPUs (name or UUID): {listing}", allowed)
+            raise self.unknown_gpu(gpu)
         return found
 
     def kernel_names(self) -> list[str]:
@@ -109,6 +112,8 @@ class Reads:
         return names
 
     def check_kernel(self, kernel: str) -> str:
+        if kernel in kernels.FAMILIES:  # the common case, without a database query
+            return kernel
         names = self.kernel_names()
         for name in names:
             if name.lower() == kernel.lower():
@@ -130,12 +135,14 @@ class Reads:
     # --- best -------------------------------------------------------------------------------
 
     def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True) -> s.BestOut:
-        gpus = self.resolve_gpu(gpu)
         family = self.check_kernel(kernel) if kernel is not None else None
-        found = self.db.best(gpu, m, n, k, family=family, nearest=nearest)
+        try:
+            found = self.db.best(gpu, m, n, k, family=family, nearest=nearest)
+        except db.UnknownGpuError:
+            raise self.unknown_gpu(gpu) from None
         requested = s.Shape(m=m, n=n, k=k)
         if found is None:
-            return s.BestOut(match="none", gpu=gpus[0].name, requested=requested, kernel=family)
+            return s.BestOut(match="none", gpu=self.resolve_gpu(gpu)[0].name, requested=requested, kernel=family)
         p = found.problem
         return s.BestOut(
             match=found.match, gpu=found.gpu_name, requested=requested, shape=s.Shape(m=p.m, n=p.n, k=p.k),
