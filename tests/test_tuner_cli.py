@@ -1,0 +1,156 @@
+"""``python -m tuner`` on CPU: option parsing and its errors, no-GPU behaviour, --dry-run with
+real NVRTC, and a whole tuning command through the stand-in evaluator into real SQLite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import db
+import kernels
+import pytest
+
+from tuner.cli import parse_args, tune
+from tuner.problem import DEFAULT_SHAPES, Problem
+from tuner.samplers import missing_packages
+from tuner.testing import StandInEvaluator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 120
+              ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """Defaults pointed into tmp_path, so a test can see whether anything was stored."""
+    return {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"), "GEMMTUNE_DB": "",
+            "GEMMTUNE_STORAGE": "", "GEMMTUNE_CACHE": ""}
+
+
+def test_help_explains_every_option():
+    result = run_tuner("--help")
+    assert result.returncode == 0
+    for option in ("--gpu", "--kernel", "--shape", "--trials", "--timeout", "--patience",
+                   "--sampler", "--seed", "--db", "--storage", "--cache", "--dry-run",
+                   "--verbose", "tpe", "cmaes", "random", "default"):
+        assert option in result.stdout
+    for problem in DEFAULT_SHAPES:
+        assert problem.shape in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "wanted"),
+    [
+        (["--shape", "1024x1024"], ["'1024x1024'", "MxNxK", "positive integers"]),
+        (["--shape", "axbxc"], ["'axbxc'", "MxNxK"]),
+        (["--shape", "0x16x16"], ["M=0", "positive integer"]),
+        (["--shape", "16x16x-3"], ["K=-3", "positive integer"]),
+        (["--kernel", "fastest"], ["'fastest'", *kernels.FAMILIES]),
+        (["--trials", "0"], ["--trials", "positive integer"]),
+        (["--timeout", "-5"], ["--timeout", "positive"]),
+        (["--patience", "-1"], ["--patience", "0 or more"]),
+        (["--sampler", "annealing"], ["annealing", "tpe", "gp", "cmaes", "random"]),
+    ],
+)
+def test_bad_input_exits_2_naming_what_was_wrong_and_what_is_allowed(argv, wanted, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err
+    for text in wanted:
+        assert text in message
+
+
+def test_a_sampler_whose_packages_are_missing_is_refused(capsys):
+    missing = missing_packages("gp")
+    if not missing:
+        pytest.skip("torch and scipy are installed here")
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--sampler", "gp"])
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err
+    assert "'gp'" in message and all(package in message for package in missing)
+
+
+def test_defaults_and_repeated_options():
+    args = parse_args([])
+    assert args.problems == list(DEFAULT_SHAPES)
+    assert [f.name for f in args.families] == list(kernels.FAMILIES)
+    args = parse_args(["--kernel", "smem", "--kernel", "naive", "--kernel", "smem",
+                       "--shape", "8x16x32", "--shape", "1023X1025X999"])
+    assert [f.name for f in args.families] == ["smem", "naive"]
+    assert args.problems == [Problem(8, 16, 32), Problem(1023, 1025, 999)]
+
+
+def test_bad_input_through_the_command_stores_nothing(tmp_path):
+    result = run_tuner("--shape", "64x64", env=isolated_env(tmp_path))
+    assert result.returncode == 2 and "MxNxK" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_without_a_gpu_the_command_says_so_and_stores_nothing(tmp_path):
+    from tuner.gpu import probe
+
+    if probe() is None:
+        pytest.skip("this machine has a usable GPU")
+    result = run_tuner("--shape", "64x64x64", "--kernel", "naive", env=isolated_env(tmp_path))
+    assert result.returncode == 1
+    assert "no usable GPU 0" in result.stderr and "--dry-run" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_dry_run_compiles_and_reports_resources_without_gpu_or_database(tmp_path):
+    env = isolated_env(tmp_path)
+    argv = ("--dry-run", "--kernel", "naive", "--kernel", "vectorized", "--dry-run-configs", "2",
+            "--seed", "7", "--cache", str(tmp_path / "cubins"))
+    first = run_tuner(*argv, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    out = first.stdout
+    for family in ("naive", "vectorized"):
+        assert f"\n{family} (source {kernels.FAMILIES[family].source_hash[:12]}, sm_90" in out
+    assert out.count("registers  shared B  spill B  occupancy") == 2
+    rows = [line for line in out.splitlines() if line.startswith(("BX=", "BM="))]
+    assert len(rows) == 4
+    for row in rows:
+        registers, shared, spills, occupancy = row.split()[-5:-1]
+        assert int(registers) > 0 and int(shared) >= 0 and int(spills) >= 0
+        assert 0 < float(occupancy) <= 1
+    assert any((tmp_path / "cubins").iterdir())
+    assert not (tmp_path / "data").exists()
+    again = run_tuner(*argv, env=env, timeout=300)  # same seed: same configs, from the cache
+    assert again.returncode == 0 and again.stdout == out
+
+
+def test_a_tuning_command_stores_runs_and_prints_the_table_then_resumes(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    base = ["--kernel", "naive", "--kernel", "smem", "--shape", "128x128x128", "--db", url]
+    argv = [*base, "--trials", "4"]
+    evaluator = StandInEvaluator()
+    assert tune(parse_args(argv), evaluator, progress=False) == 0
+    table = capsys.readouterr().out
+    assert "Best kernel per shape" in table and "128x128x128" in table
+    with db.open_database(url) as database:
+        runs = database.list_runs()
+        assert {r.family for r in runs} == {"naive", "smem"}
+        assert all(r.state == "finished" and r.command.startswith("python -m tuner --kernel")
+                   for r in runs)
+        best = database.best(evaluator.gpu_name, 128, 128, 128, nearest=False)
+        assert best is not None and best.fraction_of_cublas is not None
+        assert f"{best.gflops:,.0f}" in table and f"{best.fraction_of_cublas:.2f}" in table
+
+    # the same command again: the studies are resumed from the same database (the default
+    # Optuna storage) and the budget is already spent, so nothing is measured twice
+    again = StandInEvaluator()
+    assert tune(parse_args(argv), again, progress=False) == 0
+    assert again.calls == []
+    # a bigger budget continues them
+    assert tune(parse_args([*base, "--trials", "6"]), again, progress=False) == 0
+    assert len(again.calls) == 2  # naive gains two; smem's 3 configs were all measured
+    measured = {tuple(sorted(c.items())) for _, c, _ in evaluator.calls}
+    assert not measured & {tuple(sorted(c.items())) for _, c, _ in again.calls}
