@@ -307,8 +307,8 @@ def test_env_example_documents_exactly_the_variables_compose_reads():
     assert set(examples) <= used, f"examples for unknown variables: {set(examples) - used}"
 
 
-def test_one_gpu_reservation_per_worker():
-    workers = tuner_workers(compose())
+def check_one_gpu_per_worker(config: dict) -> None:
+    workers = tuner_workers(config)
     seen: dict[str, str] = {}
     for name, service in workers.items():
         devices = service["deploy"]["resources"]["reservations"]["devices"]
@@ -323,6 +323,40 @@ def test_one_gpu_reservation_per_worker():
         # The reserved GPU is the only one the container sees, so it is index 0 there.
         args = shlex.split(service.get("command") or "") or exec_form(dockerfile_of(service), "CMD")
         assert args[args.index("--gpu") + 1] == "0", f"{name}: {args}"
+
+
+def test_one_gpu_reservation_per_worker():
+    check_one_gpu_per_worker(compose())
+
+
+README = ROOT / "README.md"
+
+
+def readme_docker_section() -> str:
+    text = README.read_text()
+    start = text.index("## Running as a service (Docker)")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_readme_starts_it_with_one_command_and_its_extra_worker_fits():
+    section = readme_docker_section()
+    assert "docker compose -f docker/compose.yaml up -d\n" in section
+    (snippet,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    # The README's second-GPU service, pasted at the end of the services as it says.
+    text = COMPOSE_FILE.read_text()
+    extended = yaml.safe_load(text.replace("\nvolumes:", "\n" + snippet + "\nvolumes:", 1))
+    config = resolve(extended, {})
+    assert set(tuner_workers(config)) == {"tuner-gpu0", "tuner-gpu1"}
+    check_one_gpu_per_worker(config)  # type: ignore[arg-type]
+    assert config["services"]["tuner-gpu1"]["depends_on"] == config["services"]["tuner-gpu0"]["depends_on"]
+
+
+def test_the_worker_check_notices_two_workers_on_one_gpu():
+    config = compose()
+    config["services"]["tuner-gpu1"] = config["services"]["tuner-gpu0"]
+    with pytest.raises(AssertionError, match="both reserve GPU 0"):
+        check_one_gpu_per_worker(config)
 
 
 def test_workers_stop_between_trials():
