@@ -11,27 +11,29 @@ log = logging.getLogger(__name__)
 
 
 class StopRequest:
-    """The first SIGINT sets ``requested`` (the loop finishes the trial in hand, records it and
-    stops); a second one raises KeyboardInterrupt as usual. Outside the main thread (where
-    Python cannot install handlers) it only serves as a flag."""
+    """The first SIGINT or SIGTERM (``docker stop``) sets ``requested``: the loop finishes the
+    trial in hand, records it and stops. A second one raises KeyboardInterrupt. Outside the main
+    thread (where Python cannot install handlers) it only serves as a flag."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: object = None
+        self._previous: dict[int, object] = {}
         self._installed = False
 
     def request(self) -> None:
         self.requested = True
 
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("Ctrl-C: stopping after the current trial (press again to abort at once)")
+        log.warning("%s: stopping after the current trial (once more to abort at once)",
+                    signal.Signals(signum).name)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
             self._installed = True
         return self
 
@@ -42,7 +44,8 @@ class StopRequest:
         tb: TracebackType | None,
     ) -> None:
         if self._installed:
-            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)  # type: ignore[arg-type]
             self._installed = False
 
 
