@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shlex
@@ -206,6 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
               file=sys.stderr)
         return EXIT_FAILED
+    except RuntimeError as error:  # e.g. --gpu names a device that does not exist
+        last = str(error).strip().splitlines()[-1:] or ["unknown error"]
+        print(f"python -m tuner: cannot start measuring on GPU {args.gpu}: {last[0]}",
+              file=sys.stderr)
+        return EXIT_FAILED
     with evaluator:
         return tune(args, evaluator)
 
@@ -235,7 +241,8 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
         return EXIT_USAGE
 
     with database, StopRequest() as stop, logging_redirect_tqdm():
-        gpu_info = db.GpuInfo(**evaluator.info())
+        known = {f.name for f in dataclasses.fields(db.GpuInfo)}
+        gpu_info = db.GpuInfo(**{k: v for k, v in evaluator.info().items() if k in known})
         session = Session(
             database=database, evaluator=evaluator, storage=storage,
             gpu_id=database.ensure_gpu(gpu_info), gpu_name=gpu_info.name,

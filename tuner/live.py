@@ -262,6 +262,8 @@ class LiveEvaluator:
         return self.child.arch
 
     def set_problem(self, problem: Problem) -> None:
+        if problem == self.problem:
+            return  # inputs and the float64 reference are already in place
         self.child.request(("problem", problem.m, problem.n, problem.k), self.setup_timeout_s,
                            f"preparing problem {problem.shape}")
         self.problem = problem
