@@ -9,6 +9,7 @@ way the images install it (not editable) has everything the code loads at run ti
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib.util
 import json
 import os
@@ -383,6 +384,22 @@ def test_copy_sources_exist_and_cover_the_package(dockerfile):
     needed = {"pyproject.toml", project["project"]["readme"]}
     needed |= {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     assert needed <= copied, f"{dockerfile.name} does not copy {needed - copied}, which `pip install` needs"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerignore_keeps_the_copy_sources(dockerfile):
+    # BuildKit reads <Dockerfile>.dockerignore beside the Dockerfile, relative to the context root.
+    ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+    patterns = [line.strip() for line in ignore.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    assert ".venv" in patterns and ".git" in patterns, "the context would carry the venv and history"
+    for sources, _ in copies(dockerfile):
+        for source in sources:
+            for pattern in patterns:
+                if pattern.startswith("!"):
+                    continue
+                hit = fnmatch.fnmatch(source, pattern) or source.startswith(pattern.rstrip("/") + "/")
+                assert not hit, f"{ignore.name}: {pattern!r} drops the COPY source {source}"
 
 
 def test_tuner_image_is_cuda_and_api_image_is_slim_python():
