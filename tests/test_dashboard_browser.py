@@ -101,8 +101,8 @@ def test_problem_page_compares_families(page, server):
     assert "cuBLAS" in page.inner_text("#plot-families")
 
 
-def test_running_run_refreshes_as_trials_land(page, server, tuned):
-    """A run in progress: the page polls the API and redraws without a reload."""
+def test_running_run_refreshes_as_trials_land(page, browser, server, tuned):
+    """A run in progress: its page and the overview poll the API and redraw without a reload."""
     fam = kernels.FAMILIES["naive"]
     configs = fam.sample_accepted(6, seed=7)
     with db.open_database(tuned.url) as database:
@@ -133,7 +133,17 @@ def test_running_run_refreshes_as_trials_land(page, server, tuned):
             " return d && d[1].y[d[1].y.length - 1] === 4000; })()",
             timeout=15_000,
         )
+        overview = browser.new_page()
+        overview.goto(server.base + "/")
+        row = f'#runs-table tr:has(a[href="/runs/{run_id}"])'
+        assert "running" in overview.inner_text(row) and overview.is_visible("#live-indicator")
+
         database.finish_run(run_id, "finished")
         page.wait_for_function("document.querySelector('#run-state').textContent.includes('finished')", timeout=15_000)
         page.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
         assert page.evaluate("window.__marker") == 1 and marker == 1
+        overview.wait_for_function(
+            f"document.querySelector('{row}').textContent.includes('finished')", timeout=15_000
+        )
+        overview.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
+        overview.close()
