@@ -68,7 +68,11 @@ def test_a_study_measures_its_budget_records_everything_and_reports_the_best(sto
     assert best is not None and best.params == top.params
     # the study in Optuna's storage holds the same trials, none left running
     study = optuna.load_study(study_name=run.study_name, storage=storage)
-    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert {t.state for t in study.trials} == {TrialState.COMPLETE}
+    stored = {t.number: t for t in study.trials}
+    for trial in database.run_history(outcome.run_id):
+        assert stored[trial.number].params == trial.params
+        assert stored[trial.number].user_attrs["state"] == trial.state
 
 
 def test_running_again_resumes_the_study_without_measuring_a_config_twice(store):
