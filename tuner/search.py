@@ -15,7 +15,7 @@ from typing import Any
 
 import db
 import optuna
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 from tqdm import tqdm
 
 from tuner import space
@@ -106,9 +106,9 @@ def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
     )
 
 
-def _known_from_study(study: optuna.Study) -> dict[tuple[tuple[str, int], ...], _Known]:
+def _known_from_trials(trials: list[FrozenTrial]) -> dict[tuple[tuple[str, int], ...], _Known]:
     known: dict[tuple[tuple[str, int], ...], _Known] = {}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for trial in trials:
         state = trial.user_attrs.get("state")
         if state is None or "duplicate_of" in trial.user_attrs:
             continue
@@ -165,13 +165,14 @@ def run_study(
         storage=session.storage, study_name=name, direction="maximize", load_if_exists=True
     )
     _fail_stale_trials(stored)
+    stored_id = session.storage.get_study_id_from_name(name)
     history = stored.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     study = optuna.create_study(
         direction="maximize",
         sampler=make_sampler(session.sampler, _seed_for(session.seed, len(history))),
     )
     study.add_trials(history)
-    known = _known_from_study(study)
+    known = _known_from_trials(history)  # numbered as stored
 
     if session.warm_start and not history:
         for config in warm_start_configs(session.database, session.gpu_name, family, problem):
@@ -225,24 +226,33 @@ def run_study(
             postfix["cuBLAS"] = f"{best.value / baseline_gflops:.2f}"
         bar.set_postfix(postfix, refresh=False)
 
-    def tell(trial: Trial, config: dict[str, int], result: _Known, **attrs: Any) -> None:
-        trial.set_user_attr("state", result.state)
-        trial.set_constraint(CONSTRAINT, result.violation)
-        for attr, value in attrs.items():
-            trial.set_user_attr(attr, value)
-        finished = study.tell(trial, result.value)
-        stored.add_trial(finished)
+    def tell(trial: Trial, state: str, value: float, violation: float, **attrs: Any) -> int:
+        """Tell the in-memory study, write the finished trial to the storage; returns the
+        trial's number there (the number the results database uses too)."""
+        trial.set_user_attr("state", state)
+        trial.set_constraint(CONSTRAINT, violation)
+        for attr, attr_value in attrs.items():
+            trial.set_user_attr(attr, attr_value)
+        finished = study.tell(trial, value)
+        trial_id = session.storage.create_new_trial(stored_id, template_trial=finished)
+        return session.storage.get_trial_number_from_id(trial_id)
 
     def record(trial: Trial, config: dict[str, int], measurement: Measurement,
-               started_at: datetime) -> _Known:
+               started_at: datetime, violation: float = 1.0) -> _Known:
         fields = _record_fields(measurement)
+        usable = measurement.usable
+        value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
+        violation = 0.0 if usable else violation
+        attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
+        number = tell(trial, fields["state"], value, violation, **attrs)
         session.database.add_trial(
             run_id,
-            db.TrialRecord(number=trial.number, params=config, started_at=started_at, **fields),
+            db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
         )
-        if measurement.usable:
-            return _Known(trial.number, OK, float(measurement.gflops), 0.0)  # type: ignore[arg-type]
-        return _Known(trial.number, fields["state"], 0.0, 1.0)
+        return _Known(number, fields["state"], value, violation)
+
+    def tell_duplicate(trial: Trial, earlier: _Known) -> None:
+        tell(trial, earlier.state, earlier.value, earlier.violation, duplicate_of=earlier.number)
 
     def ask() -> bool:
         """Ask for one candidate; returns whether it needs measuring (it was added to pending)."""
@@ -250,8 +260,7 @@ def run_study(
         config = space.config_from_params(trial.params)
         key = space.config_key(config)
         if key in known:
-            earlier = known[key]
-            tell(trial, config, earlier, duplicate_of=earlier.number)
+            tell_duplicate(trial, known[key])
             return False
         if any(item.key == key and not item.alias for item in pending):
             pending.append(_Pending(trial, config, key, alias=True))
@@ -262,10 +271,9 @@ def run_study(
             reasons = [str(error)]
         if reasons:
             rejected = Measurement(state=REJECTED, error="; ".join(reasons))
-            record(trial, config, rejected, datetime.now(timezone.utc))
-            known[key] = _Known(trial.number, REJECTED, 0.0, float(len(reasons)))
-            tell(trial, config, known[key], error=rejected.error[:ERROR_ATTR_LIMIT])
-            log.debug("trial %d rejected: %s (%s)", trial.number, _config_text(config),
+            known[key] = record(trial, config, rejected, datetime.now(timezone.utc),
+                                violation=float(len(reasons)))
+            log.debug("trial %d rejected: %s (%s)", known[key].number, _config_text(config),
                       rejected.error)
             return False
         session.evaluator.prepare(family, config)
@@ -325,14 +333,12 @@ def run_study(
                 break
             item = pending.popleft()
             if item.alias:
-                tell(item.trial, item.config, known[item.key], duplicate_of=known[item.key].number)
+                tell_duplicate(item.trial, known[item.key])
                 continue
             started_at = datetime.now(timezone.utc)
             measurement = session.evaluator.evaluate(family, item.config, problem)
             result = record(item.trial, item.config, measurement, started_at)
             known[item.key] = result
-            extra = {"error": measurement.error[:ERROR_ATTR_LIMIT]} if measurement.error else {}
-            tell(item.trial, item.config, result, **extra)
             measured += 1
             measured_now += 1
             since_best += 1
@@ -340,7 +346,7 @@ def run_study(
                 best, best_config, since_best = result, item.config, 0
             bar.update(1)
             show_best()
-            _log_trial(item.trial.number, item.config, measurement, baseline_gflops)
+            _log_trial(result.number, item.config, measurement, baseline_gflops)
         run_state = "interrupted" if stop_reason == "interrupted" else "finished"
     except KeyboardInterrupt:
         run_state, stop_reason = "interrupted", "interrupted"
