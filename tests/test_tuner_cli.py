@@ -154,3 +154,25 @@ def test_a_tuning_command_stores_runs_and_prints_the_table_then_resumes(tmp_path
     assert len(again.calls) == 2  # naive gains two; smem's 3 configs were all measured
     measured = {tuple(sorted(c.items())) for _, c, _ in evaluator.calls}
     assert not measured & {tuple(sorted(c.items())) for _, c, _ in again.calls}
+
+
+def test_a_results_database_that_is_not_one_is_refused_and_left_alone(tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("not a database\n")
+    code = tune(parse_args(["--kernel", "smem", "--db", f"sqlite:///{path}"]), StandInEvaluator(),
+                progress=False)
+    assert code == 2 and "cannot use the results database" in capsys.readouterr().err
+    assert path.read_text() == "not a database\n"
+
+
+def test_a_separate_optuna_storage_holds_the_studies(tmp_path, capsys):
+    import optuna
+
+    results, studies = tmp_path / "results.sqlite", tmp_path / "studies.sqlite"
+    argv = ["--kernel", "smem", "--shape", "64x64x64", "--db", str(results),
+            "--storage", f"sqlite:///{studies}"]
+    assert tune(parse_args(argv), StandInEvaluator(), progress=False) == 0
+    names = optuna.get_all_study_names(f"sqlite:///{studies}")
+    assert len(names) == 1 and "/smem@" in names[0] and names[0].endswith("/64x64x64/fp32/row-major")
+    with db.open_database(str(results)) as database:
+        assert [run.study_name for run in database.list_runs()] == names

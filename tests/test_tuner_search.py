@@ -235,3 +235,19 @@ def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(
         family, outcome = summary.best(problem)
         fraction = outcome.best_gflops / summary.baselines[problem].gflops
         assert f"{fraction:.2f}" in table and family.name in table
+
+
+@pytest.mark.parametrize("sampler", ["default", "tpe", "random", "cmaes", "gp"])
+def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, sampler):
+    from tuner.samplers import missing_packages
+
+    if missing_packages(sampler):
+        pytest.skip(f"--sampler {sampler} needs {missing_packages(sampler)}")
+    evaluator = StandInEvaluator()
+    outcome = run_study(session_for(store, evaluator, sampler=sampler, batch=2), NAIVE, P1024,
+                        Budget(trials=8, timeout_s=None, patience=None))
+    assert outcome.measured == 8 and outcome.best_gflops > 0
+    keys = [config_key(c) for _, c, _ in evaluator.calls]
+    assert len(keys) == len(set(keys)) == 8
+    database, _ = store
+    assert database.get_run(outcome.run_id).sampler == sampler
