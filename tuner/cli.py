@@ -213,7 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_FAILED
     with evaluator:
-        return tune(args, evaluator)
+        try:
+            return tune(args, evaluator)
+        except KeyboardInterrupt:  # a second Ctrl-C: the runs are already marked interrupted
+            print("python -m tuner: aborted", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> int:
