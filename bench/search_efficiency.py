@@ -1,0 +1,291 @@
+"""Search efficiency: how many measurements each sampler needs to come near the true optimum.
+
+    python bench/search_efficiency.py                       # every recording, 20 seeds
+    python bench/search_efficiency.py --seeds 2 --samplers default random --quick
+
+For every (family, shape) of every recording in tests/data/recordings/ that holds the full
+accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
+sampler the tuner offers runs the tuner's own search loop (``tuner.search.run_study`` with
+``tuner.samplers.make_sampler``) against the replay evaluator, once per seed, from a cold start
+(no warm-start configs: a new GPU or shape). A run stops when it has measured a config within
+1% of the optimum, or at ``--max-evals``.
+
+What counts as an evaluation: a measured candidate, i.e. one that would cost GPU time (ok,
+compile_error, launch_error, wrong_result, timeout, crashed). Configs the family's constraints
+reject cost nothing (never compiled nor run) and proposals of an already measured config are
+answered from the study: neither is counted. ``missing`` cannot happen on a full recording.
+
+Reported per sampler: the median and 90th percentile of the evaluations needed to reach within
+1%, 3% and 5% of the optimum (``>N``: not reached within N in at least that share of runs),
+printed as a table and written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.problem import Problem  # noqa: E402
+from tuner.recording import Recording, load  # noqa: E402
+from tuner.report import format_table  # noqa: E402
+from tuner.samplers import SAMPLERS, missing_packages  # noqa: E402
+
+THRESHOLDS = (0.01, 0.03, 0.05)
+COSTLESS = ("rejected", "missing")
+DEFAULT_OUT = ROOT / "bench" / "results" / "search_efficiency.json"
+RECORDINGS = ROOT / "tests" / "data" / "recordings"
+
+
+@dataclass(frozen=True)
+class Job:
+    recording: str  # path
+    family: str
+    problem: Problem
+    sampler: str
+    seed: int
+    max_evals: int
+
+
+class _StopNearOptimum:
+    """The replay evaluator, plus: ask the search loop to stop once a result is within the
+    tightest threshold (the loop stops after recording that trial)."""
+
+    def __init__(self, inner: Any, target_gflops: float, stop: Any) -> None:
+        self.inner, self.target, self.stop = inner, target_gflops, stop
+
+    def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Any:
+        measurement = self.inner.evaluate(family, config, problem)
+        if measurement.usable and measurement.gflops >= self.target:
+            self.stop.request()
+        return measurement
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_state(recording_path: str) -> tuple[Any, Recording]:
+    import db
+
+    if "database" not in _WORKER:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # no fsync cost
+        _WORKER["dir"] = tempfile.TemporaryDirectory(prefix="gemmtune-bench-", dir=folder)
+        _WORKER["database"] = db.open_database(f"sqlite:///{_WORKER['dir'].name}/bench.sqlite")
+        _WORKER["recordings"] = {}
+    if recording_path not in _WORKER["recordings"]:
+        _WORKER["recordings"][recording_path] = load(recording_path)
+    return _WORKER["database"], _WORKER["recordings"][recording_path]
+
+
+def run_one(job: Job) -> dict[str, Any]:
+    """One study; returns the best-so-far curve over measured candidates."""
+    import db
+    import optuna
+
+    from tuner.interrupt import StopRequest
+    from tuner.replay import ReplayEvaluator
+    from tuner.search import Budget, Session, run_study
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("tuner").setLevel(logging.ERROR)
+    database, recording = _worker_state(job.recording)
+    replay = ReplayEvaluator(recording)
+    import kernels
+
+    family = replay.family(kernels.get_family(job.family))
+    _, optimum = recording.optimum(job.family, job.problem)  # type: ignore[misc]
+    stop = StopRequest()
+    evaluator = _StopNearOptimum(replay, optimum * (1 - min(THRESHOLDS)), stop)
+    info = replay.info()
+    session = Session(
+        database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
+        gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+        sampler=job.sampler, seed=job.seed, batch=1, warm_start=False, progress=False,
+        command="bench/search_efficiency.py", stop=stop,
+    )
+    started = time.perf_counter()
+    outcome = run_study(session, family, job.problem,
+                        Budget(trials=job.max_evals, timeout_s=None, patience=None))
+    seconds = time.perf_counter() - started
+    trials = database.run_history(outcome.run_id)
+    best, curve = 0.0, []
+    for trial in trials:
+        if trial.state in COSTLESS:
+            continue
+        if trial.state == "ok" and trial.gflops:
+            best = max(best, trial.gflops)
+        curve.append(best / optimum)
+    return {"recording": Path(job.recording).name, "family": job.family,
+            "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
+            "evaluations": len(curve), "asked": len(trials), "seconds": seconds,
+            "reached": {f"{t:.0%}": _first_reach(curve, t) for t in THRESHOLDS}}
+
+
+def _first_reach(curve: list[float], threshold: float) -> int | None:
+    for index, fraction in enumerate(curve, start=1):
+        if fraction >= 1 - threshold - 1e-12:
+            return index
+    return None
+
+
+def _percentile(values: list[int | None], q: float) -> float:
+    """Nearest-rank percentile with runs that never reached as +inf."""
+    ranked = sorted(math.inf if v is None else v for v in values)
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+
+
+def _median(values: list[int | None]) -> float:
+    finite = [math.inf if v is None else v for v in values]
+    return statistics.median(finite) if finite else math.inf
+
+
+def summarize(results: list[dict[str, Any]], max_evals: dict[tuple[str, str, str], int]
+              ) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["recording"], r["family"], r["shape"], r["sampler"]), []).append(r)
+    rows = []
+    for (recording, family, shape, sampler), runs in groups.items():
+        row: dict[str, Any] = {"recording": recording, "family": family, "shape": shape,
+                               "sampler": sampler, "runs": len(runs),
+                               "max_evals": max_evals[(recording, family, shape)],
+                               "seconds_per_run": statistics.mean(r["seconds"] for r in runs)}
+        for t in THRESHOLDS:
+            key = f"{t:.0%}"
+            reached = [r["reached"][key] for r in runs]
+            row[key] = {"median": _median(reached), "p90": _percentile(reached, 0.9),
+                        "not_reached": sum(v is None for v in reached)}
+        rows.append(row)
+    return rows
+
+
+def _cell(value: float, cap: int) -> str:
+    return f">{cap}" if math.isinf(value) else f"{value:g}"
+
+
+def target_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Default vs random at 3%: the default's median must be at most a third of random's."""
+    checks = []
+    by_key = {(r["recording"], r["family"], r["shape"], r["sampler"]): r for r in rows}
+    for (recording, family, shape, sampler), row in by_key.items():
+        if sampler != "default" or (recording, family, shape, "random") not in by_key:
+            continue
+        random_row = by_key[(recording, family, shape, "random")]
+        d, r = row["3%"]["median"], random_row["3%"]["median"]
+        checks.append({"recording": recording, "family": family, "shape": shape,
+                       "default_median": d, "random_median": r,
+                       "ratio": (d / r) if math.isfinite(d) and math.isfinite(r) else None,
+                       "met": math.isfinite(d) and d * 3 <= r})
+    return checks
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: a threshold never reached is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recording", action="append", default=[], metavar="FILE",
+                        help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
+    parser.add_argument("--max-evals", type=int, default=None, metavar="N",
+                        help="measured candidates per run at most (default: the whole space)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
+    args = parser.parse_args(argv)
+
+    paths = args.recording or [str(p) for p in sorted(RECORDINGS.glob("*.json.gz"))]
+    if not paths:
+        parser.error(f"no recordings given and none in {RECORDINGS}")
+    samplers, skipped = [], {}
+    for name in args.samplers:
+        missing = missing_packages(name)
+        if missing:
+            skipped[name] = f"needs {', '.join(missing)} (not installed)"
+        else:
+            samplers.append(name)
+
+    jobs: list[Job] = []
+    caps: dict[tuple[str, str, str], int] = {}
+    unusable: list[str] = []
+    for path in paths:
+        recording = load(path)
+        for family, problem in recording.pairs():
+            header = recording.families[family]
+            if header.selection.mode != "full":
+                unusable.append(f"{Path(path).name} {family} {problem.shape}: "
+                                f"{header.selection.text}; its optimum is not the space's")
+                continue
+            space = sum(1 for _ in recording.results(family, problem))
+            cap = min(space, args.max_evals or space)
+            caps[(Path(path).name, family, problem.shape)] = cap
+            jobs += [Job(path, family, problem, s, seed, cap)
+                     for s in samplers for seed in range(args.seeds)]
+    print(f"{len(jobs)} runs ({len(caps)} family/shape pairs x {len(samplers)} samplers x "
+          f"{args.seeds} seeds) on {args.workers} processes", file=sys.stderr)
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for index, result in enumerate(pool.map(run_one, jobs, chunksize=1), start=1):
+            results.append(result)
+            if index % max(1, len(jobs) // 20) == 0:
+                print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
+                      file=sys.stderr)
+    rows = summarize(results, caps)
+    checks = target_check(rows)
+
+    table = [[r["family"], r["shape"], r["sampler"],
+              *(f"{_cell(r[f'{t:.0%}']['median'], r['max_evals'])} / "
+                f"{_cell(r[f'{t:.0%}']['p90'], r['max_evals'])}" for t in THRESHOLDS),
+              f"{r['seconds_per_run']:.1f}"] for r in rows]
+    print(format_table(["family", "shape", "sampler",
+                        *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
+    for check in checks:
+        print(f"target (default <= random/3 at 3%): {check['family']} {check['shape']}: "
+              f"{check['default_median']:g} vs {check['random_median']:g} -> "
+              f"{'met' if check['met'] else 'NOT met'}")
+    for name, why in skipped.items():
+        print(f"sampler {name} skipped: {why}")
+    for text in unusable:
+        print(f"skipped {text}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_finite({
+        "what": "evaluations (measured candidates; rejected and repeated proposals cost "
+                "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
+                "optimum; cold start, one tuner search loop per run",
+        "seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
+        "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
+        "seconds": time.monotonic() - started, "summary": rows, "target": checks,
+        "runs": results,
+    }), indent=1, allow_nan=False))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
