@@ -12,7 +12,7 @@ File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout
      "families": {name: {"source_hash": hex,
                          "params": [parameter names, in the family's order],
                          "grid": {parameter: [values the sweep drew from]},
-                         "selection": {"mode": "full" | "sample", "accepted": M,
+                         "selection": {"mode": "full" | "sample" | "imported", "accepted": M,
                                        "recorded": N, "seed": S | null, "text": "..."}}},
      "result_fields": [RESULT_FIELDS, the column order of every result row],
      "problems": [{"m", "n", "k", "dtype", "layout", "general_alpha_beta",
@@ -113,7 +113,7 @@ def missing_measurement(family: str, problem: Problem) -> Measurement:
 
 @dataclass(frozen=True)
 class Selection:
-    mode: Literal["full", "sample"]
+    mode: Literal["full", "sample", "imported"]
     accepted: int  # accepted configs in the grid
     recorded: int  # configs chosen for the sweep
     seed: int | None = None
@@ -122,6 +122,9 @@ class Selection:
     def text(self) -> str:
         if self.mode == "full":
             return f"full accepted space of the grid ({self.accepted} configs)"
+        if self.mode == "imported":
+            return (f"{self.recorded} of {self.accepted} accepted configs of the grid, chosen "
+                    "by another tool's search (not a uniform sample)")
         return (f"uniform sample of {self.recorded} of {self.accepted} accepted configs of the "
                 f"grid, seed {self.seed}")
 
@@ -262,7 +265,7 @@ class _Strict(BaseModel):
 
 
 class _SelectionModel(_Strict):
-    mode: Literal["full", "sample"]
+    mode: Literal["full", "sample", "imported"]
     accepted: int = Field(ge=0)
     recorded: int = Field(ge=0)
     seed: int | None = None
