@@ -201,8 +201,10 @@ extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, i
         *nowhere = 1.0f;
     }
 #elif MODE == 2
-    volatile int forever = 1;
-    while (forever) {}
+    // Spin on a global load the compiler must keep: the inputs are finite, so this never ends
+    // (a volatile local is not enough: ptxas folds it away).
+    volatile const float* watched = A;
+    while (watched[0] == watched[0] || clock64() > 0) {}
 #endif
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)M * N) return;
