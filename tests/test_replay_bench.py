@@ -1,0 +1,57 @@
+"""Smoke test of bench/search_efficiency.py: 2 seeds on a small TEST-FIXTURE recording (stand-in
+model, full accepted space of naive), checking what it counts and what it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import kernels
+
+from tuner.problem import Problem
+from tuner.record import record_with_evaluator
+from tuner.testing import StandInEvaluator
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_efficiency.py"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("search_efficiency", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
+    naive = kernels.FAMILIES["naive"]
+    recording = record_with_evaluator(StandInEvaluator(), [naive], [Problem(512, 512, 512)],
+                                      max_configs=1000)
+    path = recording.save(tmp_path / "fixture.json.gz")
+    space = len(naive.accepted_configs())
+    out = tmp_path / "se.json"
+    bench = _bench_module()
+    assert bench.main(["--recording", str(path), "--seeds", "2", "--samplers", "default",
+                       "random", "--workers", "1", "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["seeds"] == 2 and len(document["runs"]) == 4
+    for run in document["runs"]:
+        # a budget of the whole space: every run gets within 1% (at worst by exhausting it)
+        reached = run["reached"]
+        assert 1 <= reached["5%"] <= reached["3%"] <= reached["1%"] <= run["evaluations"] <= space
+        assert run["evaluations"] == reached["1%"]  # it stops on reaching the target
+    rows = {r["sampler"]: r for r in document["summary"]}
+    assert set(rows) == {"default", "random"} and rows["random"]["max_evals"] == space
+    assert len(document["target"]) == 1
+    printed = capsys.readouterr().out
+    assert "within 3% (median / p90)" in printed and "target (default <= random/3 at 3%)" in printed
+
+
+def test_first_reach_and_percentiles():
+    bench = _bench_module()
+    assert bench._first_reach([0.5, 0.96, 0.99, 1.0], 0.05) == 2
+    assert bench._first_reach([0.5, 0.96, 0.99, 1.0], 0.01) == 3
+    assert bench._first_reach([0.5, 0.9], 0.01) is None
+    assert bench._median([1, 3, None]) == 3 and bench._percentile([1, 2, None], 0.9) == float("inf")
