@@ -176,3 +176,36 @@ def test_a_separate_optuna_storage_holds_the_studies(tmp_path, capsys):
     assert len(names) == 1 and "/smem@" in names[0] and names[0].endswith("/64x64x64/fp32/row-major")
     with db.open_database(str(results)) as database:
         assert [run.study_name for run in database.list_runs()] == names
+
+
+def test_ctrl_c_on_the_whole_command_stops_between_trials_and_marks_the_run(tmp_path):
+    """The real command in its own process group, as in a terminal: Ctrl-C reaches the parent,
+    the compile workers and the GPU child alike; only the parent may act on it. The GPU child
+    runs the CPU stand-in bench (GEMMTUNE_GPU_BACKEND), compiles are real NVRTC."""
+    import signal
+
+    results = tmp_path / "results.sqlite"
+    env = {**isolated_env(tmp_path), "GEMMTUNE_GPU_BACKEND": "tuner.testing",
+           "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "--kernel", "naive", "--shape", "96x64x32",
+         "--trials", "40", "--workers", "2", "--db", str(results), "-v"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in process.stderr:
+            if " ok " in line and "trial " in line:  # the first measured trial
+                os.killpg(process.pid, signal.SIGINT)
+                break
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "SIGINT: stopping after the current trial" in err
+    assert "Best kernel per shape (interrupted)" in out
+    with db.open_database(str(results)) as database:
+        (run,) = database.list_runs()
+        assert run.state == "interrupted" and 1 <= run.n_ok < 40
+        assert all(t.state in ("ok", "rejected") for t in database.run_history(run.id))

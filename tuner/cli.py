@@ -30,6 +30,10 @@ DEFAULT_DRY_RUN_CONFIGS = 5
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+# For tests only: the module the GPU child measures with. "tuner.testing" is the CPU stand-in,
+# so the whole command (compile pool, child process, signals, database) runs without a GPU.
+BACKEND_ENV = "GEMMTUNE_GPU_BACKEND"
+
 _SHAPES_HELP = ", ".join(p.shape for p in DEFAULT_SHAPES)
 
 
@@ -203,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
-                                  trial_timeout_s=args.trial_timeout)
+                                  trial_timeout_s=args.trial_timeout,
+                                  backend=os.environ.get(BACKEND_ENV) or "tuner.gpu")
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {args.gpu}: {reason}\n"
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
