@@ -44,7 +44,8 @@ class Measurement:
     @property
     def usable(self) -> bool:
         """Only a verified, timed result may ever become the best."""
-        return self.state == OK and self.gflops is not None and self.gflops > 0
+        return (self.state == OK and self.gflops is not None and self.gflops > 0
+                and self.time_median_ms is not None and self.time_median_ms > 0)
 
     def fields(self) -> dict[str, Any]:
         return asdict(self)

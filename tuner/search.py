@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import math
+import random
 import socket
 import time
 from collections import deque
@@ -148,6 +148,251 @@ def _config_text(config: dict[str, int]) -> str:
     return " ".join(f"{name}={value}" for name, value in config.items())
 
 
+@dataclass
+class _Tally:
+    """The measured configs of a study and its best so far, fed in trial order."""
+
+    measured: int = 0
+    since_best: int = 0
+    best: _Known | None = None
+    best_config: dict[str, int] | None = None
+
+    def add(self, result: _Known, config: dict[str, int]) -> None:
+        if result.state == REJECTED:
+            return
+        self.measured += 1
+        self.since_best += 1
+        if result.state == OK and (self.best is None
+                                   or result.value > self.best.value * (1 + MIN_GAIN)):
+            self.best, self.best_config, self.since_best = result, dict(config), 0
+
+
+class _StudyRun:
+    """One run of one study. The study lives in the Optuna storage; the search runs on an
+    in-memory copy and writes each finished trial back in one transaction. (Asking and telling
+    through an RDB storage costs a commit per parameter and attribute, a quarter second per
+    trial on a slow disk, and trials in flight when the process dies never reach the storage.)"""
+
+    def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
+                 baseline_gflops: float | None) -> None:
+        self.session, self.family, self.problem, self.budget = session, family, problem, budget
+        self.baseline_gflops = baseline_gflops
+        self.name = study_name(session.gpu_name, family, problem)
+        self.distributions = space.distributions(family)
+        self.arch = session.evaluator.arch()
+
+        stored = optuna.create_study(storage=session.storage, study_name=self.name,
+                                     direction="maximize", load_if_exists=True)
+        _fail_stale_trials(stored)
+        self.stored_id = session.storage.get_study_id_from_name(self.name)
+        history = stored.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        self.study = optuna.create_study(
+            direction="maximize",
+            sampler=make_sampler(session.sampler, _seed_for(session.seed, len(history))),
+        )
+        self.study.add_trials(history)
+        self.known = _known_from_trials(history)  # numbered as stored
+        self.tally = _Tally()
+        for key, entry in sorted(self.known.items(), key=lambda item: item[1].number):
+            self.tally.add(entry, dict(key))
+        if session.warm_start and not history:
+            for config in warm_start_configs(session.database, session.gpu_name, family, problem):
+                log.info("%s: warm start with %s", self.name, _config_text(config))
+                self.study.enqueue_trial(config, user_attrs={"warm_start": True},
+                                         skip_if_exists=True)
+
+        self.accepted_all = _accepted_configs(family, self.arch)
+        self.nudges = random.Random(session.seed)
+        self.pending: deque[_Pending] = deque()
+        self.measured_now = 0
+        self.fruitless = 0
+        self.run_id = 0
+
+    # ---------------------------------------------------------------- recording
+
+    def _tell(self, trial: Trial, state: str, value: float, violation: float,
+              **attrs: Any) -> int:
+        """Tell the in-memory study and write the finished trial to the storage; returns its
+        number there (the number the results database uses too)."""
+        trial.set_user_attr("state", state)
+        trial.set_constraint(CONSTRAINT, violation)
+        for attr, attr_value in attrs.items():
+            trial.set_user_attr(attr, attr_value)
+        finished = self.study.tell(trial, value)
+        storage = self.session.storage
+        return storage.get_trial_number_from_id(
+            storage.create_new_trial(self.stored_id, template_trial=finished))
+
+    def _record(self, trial: Trial, config: dict[str, int], measurement: Measurement,
+                started_at: datetime, violation: float = 1.0) -> _Known:
+        fields = _record_fields(measurement)
+        usable = measurement.usable
+        value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
+        violation = 0.0 if usable else violation
+        attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
+        number = self._tell(trial, fields["state"], value, violation, **attrs)
+        self.session.database.add_trial(
+            self.run_id,
+            db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
+        )
+        return _Known(number, fields["state"], value, violation)
+
+    def _tell_duplicate(self, trial: Trial, earlier: _Known) -> None:
+        self._tell(trial, earlier.state, earlier.value, earlier.violation,
+                   duplicate_of=earlier.number)
+
+    # ---------------------------------------------------------------- proposals
+
+    def _in_flight(self) -> int:
+        return sum(not item.alias for item in self.pending)
+
+    def _ask(self) -> bool:
+        """Ask for one candidate; returns whether it needs measuring (it joined the window)."""
+        trial = self.study.ask(self.distributions)
+        config = space.config_from_params(trial.params)
+        key = space.config_key(config)
+        if key in self.known:
+            self._tell_duplicate(trial, self.known[key])
+            return False
+        if any(item.key == key and not item.alias for item in self.pending):
+            self.pending.append(_Pending(trial, config, key, alias=True))
+            return False
+        try:
+            reasons = self.family.reject_reasons(config, self.arch)
+        except ValueError as error:  # kernels.ConfigError: a value the family does not allow
+            reasons = [str(error)]
+        if reasons:
+            rejected = Measurement(state=REJECTED, error="; ".join(reasons))
+            self.known[key] = self._record(trial, config, rejected, datetime.now(timezone.utc),
+                                           violation=float(len(reasons)))
+            log.debug("trial %d rejected: %s (%s)", self.known[key].number,
+                      _config_text(config), rejected.error)
+            return False
+        self.session.evaluator.prepare(self.family, config)
+        self.pending.append(_Pending(trial, config, key))
+        return True
+
+    def _fill_window(self) -> None:
+        """Keep up to `batch` candidates in flight, so compiles run ahead of the GPU."""
+        while (
+            self._in_flight() < self.session.batch
+            and self.tally.measured + self._in_flight() < self.budget.trials
+            and self.fruitless < MAX_FRUITLESS_ASKS
+            and not self._covered()
+        ):
+            self.fruitless = 0 if self._ask() else self.fruitless + 1
+            if self.fruitless and self.fruitless % NUDGE_AFTER_FRUITLESS_ASKS == 0:
+                self._nudge()
+
+    def _covered(self) -> bool:
+        """Every accepted config measured or in flight (known only for enumerable spaces)."""
+        if self.accepted_all is None:
+            return False
+        in_flight = {item.key for item in self.pending}
+        return all(space.config_key(c) in self.known or space.config_key(c) in in_flight
+                   for c in self.accepted_all)
+
+    def _nudge(self) -> None:
+        """Hand a circling sampler an accepted config it has not measured yet."""
+        if self.accepted_all is None:
+            return
+        in_flight = {item.key for item in self.pending}
+        fresh = [c for c in self.accepted_all
+                 if space.config_key(c) not in self.known and space.config_key(c) not in in_flight]
+        if fresh:
+            self.study.enqueue_trial(self.nudges.choice(fresh), user_attrs={"nudge": True})
+
+    # ---------------------------------------------------------------- the loop
+
+    def _stop_reason(self, deadline: float | None) -> str | None:
+        budget, tally = self.budget, self.tally
+        if self.session.stop.requested:
+            return "interrupted"
+        if tally.measured >= budget.trials:
+            return "trial budget"
+        if deadline is not None and time.monotonic() >= deadline:
+            return "time budget"
+        if budget.patience is not None and tally.best is not None \
+                and tally.since_best >= budget.patience:
+            return "patience"
+        if not self.pending and self._covered():
+            return "search space exhausted"
+        return None
+
+    def _measure_next(self) -> Measurement | None:
+        item = self.pending.popleft()
+        if item.alias:  # the same config as an earlier candidate, measured by now
+            self._tell_duplicate(item.trial, self.known[item.key])
+            return None
+        started_at = datetime.now(timezone.utc)
+        measurement = self.session.evaluator.evaluate(self.family, item.config, self.problem)
+        result = self._record(item.trial, item.config, measurement, started_at)
+        self.known[item.key] = result
+        self.tally.add(result, item.config)
+        self.measured_now += 1
+        _log_trial(result.number, item.config, measurement, self.baseline_gflops)
+        return measurement
+
+    def _show_best(self, bar: tqdm) -> None:
+        best = self.tally.best
+        if best is None:
+            return
+        postfix = {"best": f"{best.value:,.0f} GFLOP/s"}
+        if self.baseline_gflops:
+            postfix["cuBLAS"] = f"{best.value / self.baseline_gflops:.2f}"
+        bar.set_postfix(postfix, refresh=False)
+
+    def run(self) -> StudyOutcome:
+        session, problem, budget = self.session, self.problem, self.budget
+        problem_id = session.database.ensure_problem(
+            problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
+            general_alpha_beta=problem.general_alpha_beta,
+        )
+        family_id = session.database.ensure_family(self.family.name, self.family.source_hash)
+        self.run_id = session.database.start_run(
+            gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
+            sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
+            host=session.host, command=session.command, study_name=self.name,
+        )
+        deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
+        run_state, stop_reason = "failed", "error"
+        bar = tqdm(total=budget.trials, initial=min(self.tally.measured, budget.trials),
+                   unit="trial", desc=f"{self.family.name} {problem.shape}",
+                   disable=not session.progress, leave=True, dynamic_ncols=True)
+        self._show_best(bar)
+        try:
+            session.evaluator.set_problem(problem)
+            while (reason := self._stop_reason(deadline)) is None:
+                self._fill_window()
+                if not self.pending:
+                    reason = "search space exhausted"
+                    break
+                if self._measure_next() is not None:
+                    bar.update(1)
+                    self._show_best(bar)
+            stop_reason = reason
+            run_state = "interrupted" if stop_reason == "interrupted" else "finished"
+        except KeyboardInterrupt:
+            run_state, stop_reason = "interrupted", "interrupted"
+            raise
+        finally:
+            for item in self.pending:  # asked but never measured: not a result, just let go
+                self.study.tell(item.trial, state=TrialState.FAIL)
+            self.pending.clear()
+            bar.close()
+            session.database.finish_run(self.run_id, run_state)
+            log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
+                     self.measured_now, stop_reason)
+        best = self.tally.best
+        return StudyOutcome(
+            study_name=self.name, run_id=self.run_id, run_state=run_state,
+            stop_reason=stop_reason, measured=self.tally.measured,
+            measured_now=self.measured_now, best_config=self.tally.best_config,
+            best_gflops=None if best is None else best.value,
+            best_number=None if best is None else best.number,
+        )
+
+
 def run_study(
     session: Session,
     family: Any,
@@ -155,217 +400,8 @@ def run_study(
     budget: Budget,
     baseline_gflops: float | None = None,
 ) -> StudyOutcome:
-    name = study_name(session.gpu_name, family, problem)
-    distributions = space.distributions(family)
-    # The study lives in the storage; the search runs on an in-memory copy, and each finished
-    # trial is written back in one transaction. Asking and telling through an RDB storage costs
-    # a commit per parameter and attribute (a quarter second per trial on a slow disk), and
-    # trials still in flight when the process dies never reach the storage.
-    stored = optuna.create_study(
-        storage=session.storage, study_name=name, direction="maximize", load_if_exists=True
-    )
-    _fail_stale_trials(stored)
-    stored_id = session.storage.get_study_id_from_name(name)
-    history = stored.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    study = optuna.create_study(
-        direction="maximize",
-        sampler=make_sampler(session.sampler, _seed_for(session.seed, len(history))),
-    )
-    study.add_trials(history)
-    known = _known_from_trials(history)  # numbered as stored
-
-    if session.warm_start and not history:
-        for config in warm_start_configs(session.database, session.gpu_name, family, problem):
-            log.info("%s: warm start with %s", name, _config_text(config))
-            study.enqueue_trial(config, user_attrs={"warm_start": True}, skip_if_exists=True)
-
-    problem_id = session.database.ensure_problem(
-        problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
-        general_alpha_beta=problem.general_alpha_beta,
-    )
-    family_id = session.database.ensure_family(family.name, family.source_hash)
-    run_id = session.database.start_run(
-        gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
-        sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
-        host=session.host, command=session.command, study_name=name,
-    )
-
-    # What the study already knows, in trial order: count, best, and trials since the best.
-    measured = 0
-    best: _Known | None = None
-    best_config: dict[str, int] | None = None
-    since_best = 0
-    for key, entry in sorted(known.items(), key=lambda item: item[1].number):
-        if entry.state == REJECTED:
-            continue
-        measured += 1
-        since_best += 1
-        if entry.state == OK and (best is None or entry.value > best.value * (1 + MIN_GAIN)):
-            best, best_config, since_best = entry, dict(key), 0
-
-    arch = session.evaluator.arch()
-    accepted_all = _accepted_configs(family, arch)
-    nudges = random.Random(session.seed)
-    deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
-    pending: deque[_Pending] = deque()
-    measured_now = 0
-    fruitless = 0
-    run_state, stop_reason = "failed", "error"
-
-    bar = tqdm(
-        total=budget.trials, initial=min(measured, budget.trials), unit="trial",
-        desc=f"{family.name} {problem.shape}", disable=not session.progress, leave=True,
-        dynamic_ncols=True,
-    )
-
-    def show_best() -> None:
-        if best is None:
-            return
-        postfix = {"best": f"{best.value:,.0f} GFLOP/s"}
-        if baseline_gflops:
-            postfix["cuBLAS"] = f"{best.value / baseline_gflops:.2f}"
-        bar.set_postfix(postfix, refresh=False)
-
-    def tell(trial: Trial, state: str, value: float, violation: float, **attrs: Any) -> int:
-        """Tell the in-memory study, write the finished trial to the storage; returns the
-        trial's number there (the number the results database uses too)."""
-        trial.set_user_attr("state", state)
-        trial.set_constraint(CONSTRAINT, violation)
-        for attr, attr_value in attrs.items():
-            trial.set_user_attr(attr, attr_value)
-        finished = study.tell(trial, value)
-        trial_id = session.storage.create_new_trial(stored_id, template_trial=finished)
-        return session.storage.get_trial_number_from_id(trial_id)
-
-    def record(trial: Trial, config: dict[str, int], measurement: Measurement,
-               started_at: datetime, violation: float = 1.0) -> _Known:
-        fields = _record_fields(measurement)
-        usable = measurement.usable
-        value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
-        violation = 0.0 if usable else violation
-        attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
-        number = tell(trial, fields["state"], value, violation, **attrs)
-        session.database.add_trial(
-            run_id,
-            db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
-        )
-        return _Known(number, fields["state"], value, violation)
-
-    def tell_duplicate(trial: Trial, earlier: _Known) -> None:
-        tell(trial, earlier.state, earlier.value, earlier.violation, duplicate_of=earlier.number)
-
-    def ask() -> bool:
-        """Ask for one candidate; returns whether it needs measuring (it was added to pending)."""
-        trial = study.ask(distributions)
-        config = space.config_from_params(trial.params)
-        key = space.config_key(config)
-        if key in known:
-            tell_duplicate(trial, known[key])
-            return False
-        if any(item.key == key and not item.alias for item in pending):
-            pending.append(_Pending(trial, config, key, alias=True))
-            return False
-        try:
-            reasons = family.reject_reasons(config, arch)
-        except ValueError as error:  # kernels.ConfigError: a value the family does not allow
-            reasons = [str(error)]
-        if reasons:
-            rejected = Measurement(state=REJECTED, error="; ".join(reasons))
-            known[key] = record(trial, config, rejected, datetime.now(timezone.utc),
-                                violation=float(len(reasons)))
-            log.debug("trial %d rejected: %s (%s)", known[key].number, _config_text(config),
-                      rejected.error)
-            return False
-        session.evaluator.prepare(family, config)
-        pending.append(_Pending(trial, config, key))
-        return True
-
-    def stop_reason_now() -> str | None:
-        if session.stop.requested:
-            return "interrupted"
-        if measured >= budget.trials:
-            return "trial budget"
-        if deadline is not None and time.monotonic() >= deadline:
-            return "time budget"
-        if budget.patience is not None and best is not None and since_best >= budget.patience:
-            return "patience"
-        if not pending and covered():
-            return "search space exhausted"
-        return None
-
-    def covered() -> bool:
-        """Every accepted config measured or in flight (only known for enumerable spaces)."""
-        if accepted_all is None:
-            return False
-        in_flight = {item.key for item in pending}
-        return all(space.config_key(c) in known or space.config_key(c) in in_flight
-                   for c in accepted_all)
-
-    def nudge() -> None:
-        """Hand a circling sampler an accepted config it has not measured yet."""
-        if accepted_all is None:
-            return
-        in_flight = {item.key for item in pending}
-        fresh = [c for c in accepted_all
-                 if space.config_key(c) not in known and space.config_key(c) not in in_flight]
-        if fresh:
-            study.enqueue_trial(nudges.choice(fresh), user_attrs={"nudge": True})
-
-    try:
-        session.evaluator.set_problem(problem)
-        while True:
-            reason = stop_reason_now()
-            if reason is not None:
-                stop_reason = reason
-                break
-            # Keep up to `batch` candidates in flight so compiles run ahead of the GPU.
-            while (
-                sum(not item.alias for item in pending) < session.batch
-                and measured + sum(not item.alias for item in pending) < budget.trials
-                and fruitless < MAX_FRUITLESS_ASKS
-                and not covered()
-            ):
-                fruitless = 0 if ask() else fruitless + 1
-                if fruitless and fruitless % NUDGE_AFTER_FRUITLESS_ASKS == 0:
-                    nudge()
-            if not pending:
-                stop_reason = "search space exhausted"
-                break
-            item = pending.popleft()
-            if item.alias:
-                tell_duplicate(item.trial, known[item.key])
-                continue
-            started_at = datetime.now(timezone.utc)
-            measurement = session.evaluator.evaluate(family, item.config, problem)
-            result = record(item.trial, item.config, measurement, started_at)
-            known[item.key] = result
-            measured += 1
-            measured_now += 1
-            since_best += 1
-            if result.state == OK and (best is None or result.value > best.value * (1 + MIN_GAIN)):
-                best, best_config, since_best = result, item.config, 0
-            bar.update(1)
-            show_best()
-            _log_trial(result.number, item.config, measurement, baseline_gflops)
-        run_state = "interrupted" if stop_reason == "interrupted" else "finished"
-    except KeyboardInterrupt:
-        run_state, stop_reason = "interrupted", "interrupted"
-        raise
-    finally:
-        for item in pending:  # asked but never measured: not a result, just let go
-            study.tell(item.trial, state=TrialState.FAIL)
-        pending.clear()
-        bar.close()
-        session.database.finish_run(run_id, run_state)
-        log.info("%s: %s after %d new measurements (%s)", name, run_state, measured_now,
-                 stop_reason)
-
-    return StudyOutcome(
-        study_name=name, run_id=run_id, run_state=run_state, stop_reason=stop_reason,
-        measured=measured, measured_now=measured_now, best_config=best_config,
-        best_gflops=None if best is None else best.value,
-        best_number=None if best is None else best.number,
-    )
+    """Runs (or resumes) the study of ``family`` on ``problem`` until a stop rule holds."""
+    return _StudyRun(session, family, problem, budget, baseline_gflops).run()
 
 
 def _record_fields(measurement: Measurement) -> dict[str, Any]:
@@ -379,7 +415,7 @@ def _record_fields(measurement: Measurement) -> dict[str, Any]:
     if measurement.state == OK and not measurement.usable:
         # An "ok" without a usable time cannot be stored as ok, nor ever become best.
         fields["state"] = "wrong_result"
-        fields["error"] = fields["error"] or "evaluator returned ok without a positive GFLOP/s"
+        fields["error"] = fields["error"] or "evaluator returned ok without a positive time and GFLOP/s"
     return fields
 
 
