@@ -415,7 +415,8 @@ def _record_fields(measurement: Measurement) -> dict[str, Any]:
     if measurement.state == OK and not measurement.usable:
         # An "ok" without a usable time cannot be stored as ok, nor ever become best.
         fields["state"] = "wrong_result"
-        fields["error"] = fields["error"] or "evaluator returned ok without a positive time and GFLOP/s"
+        fields["error"] = (fields["error"]
+                           or "evaluator returned ok without a positive time and GFLOP/s")
     return fields
 
 
