@@ -173,7 +173,8 @@ def test_a_separate_optuna_storage_holds_the_studies(tmp_path, capsys):
             "--storage", f"sqlite:///{studies}"]
     assert tune(parse_args(argv), StandInEvaluator(), progress=False) == 0
     names = optuna.get_all_study_names(f"sqlite:///{studies}")
-    assert len(names) == 1 and "/smem@" in names[0] and names[0].endswith("/64x64x64/fp32/row-major")
+    assert len(names) == 1 and "/smem@" in names[0]
+    assert names[0].endswith("/64x64x64/fp32/row-major")
     with db.open_database(str(results)) as database:
         assert [run.study_name for run in database.list_runs()] == names
 

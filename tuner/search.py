@@ -423,8 +423,8 @@ def _record_fields(measurement: Measurement) -> dict[str, Any]:
 def _log_trial(number: int, config: dict[str, int], measurement: Measurement,
                baseline_gflops: float | None) -> None:
     if measurement.usable:
-        fraction = (f" ({measurement.gflops / baseline_gflops:.2f} of cuBLAS)"  # type: ignore[operator]
-                    if baseline_gflops else "")
+        gflops = float(measurement.gflops)  # type: ignore[arg-type]
+        fraction = f" ({gflops / baseline_gflops:.2f} of cuBLAS)" if baseline_gflops else ""
         log.info("trial %d ok %.0f GFLOP/s%s  %s", number, measurement.gflops, fraction,
                  _config_text(config))
     else:
