@@ -91,8 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gpu", type=_non_negative_int, default=0, metavar="INDEX",
                         help="CUDA device index (default: 0)")
+    import kernels
+
     parser.add_argument("--kernel", action="append", metavar="FAMILY", default=[],
-                        help="kernel family to tune; repeat for several (default: all families)")
+                        help="kernel family to tune, one of "
+                             f"{', '.join(kernels.FAMILIES)}; repeat for several "
+                             "(default: all)")
     parser.add_argument("--shape", action="append", type=_shape, metavar="MxNxK", default=[],
                         help=f"problem shape, e.g. 1024x1024x1024; repeat for several "
                              f"(default: {_SHAPES_HELP})")
@@ -150,7 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
-    import kernels  # after --help, which should not need NVRTC
+    import kernels
 
     families = []
     for name in args.kernel:
