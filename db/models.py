@@ -137,6 +137,8 @@ class RunRow(Base):
     state: Mapped[str] = mapped_column(String(20), default="running")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Refreshed by a live tuner; a "running" run whose heartbeat is stale belongs to a dead one.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
 
     gpu: Mapped[GpuRow] = relationship()
     problem: Mapped[ProblemRow] = relationship()
