@@ -6,10 +6,12 @@ See ARCHITECTURE.md ("tuner → db contract") and README.md ("Result database").
 from .database import Database, open_database
 from .errors import (InvalidInputError, NotADatabaseError, SchemaTooNewError, StorageError,
                      UnknownGpuError, UnknownRunError)
+from .jobs import (JOB_BUDGET_LIMITS, JOB_ORIGINS, MAX_JOB_ATTEMPTS, Job,
+                   UnknownJobError)
 from .queries import log2_distance
 from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, NearestProblem,
                       OverviewCell, Problem, Run, Trial, TrialRecord)
-from .states import DTYPES, LAYOUTS, RUN_STATES, TRIAL_STATES
+from .states import DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
 from .urls import default_url, resolve_url
 
 __all__ = [
@@ -21,4 +23,5 @@ __all__ = [
     "InvalidInputError", "UnknownRunError", "UnknownGpuError",
     "StorageError", "NotADatabaseError", "SchemaTooNewError",
     "log2_distance",
+    "Job", "JOB_STATES", "JOB_ORIGINS", "JOB_BUDGET_LIMITS", "MAX_JOB_ATTEMPTS", "UnknownJobError",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import make_url
 
 from .engine import make_engine
+from .jobs import Jobs
 from .listing import Listings
 from .queries import Queries
 from .schema import prepare_schema
@@ -12,10 +13,11 @@ from .urls import resolve_url
 from .writes import Writes
 
 
-class Database(Writes, Queries, Listings):
+class Database(Writes, Queries, Listings, Jobs):
     """Results of tuning runs. Methods return frozen dataclasses; no session outlives a call.
 
-    Writes live in db/writes.py, "what is best" in db/queries.py, listings in db/listing.py.
+    Writes live in db/writes.py, "what is best" in db/queries.py, listings in db/listing.py,
+    the tuning-job queue in db/jobs.py.
     """
 
 

@@ -24,10 +24,11 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from .states import RUN_STATES, TRIAL_STATES
+from .states import JOB_STATES, RUN_STATES, TRIAL_STATES
 
 
 def utcnow() -> datetime:
@@ -190,3 +191,41 @@ class BaselineRow(Base):
     gflops: Mapped[float] = mapped_column(Float)
     sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)
     measured_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class JobRow(Base):
+    """A request to tune one problem on one GPU model, taken by a `python -m tuner --worker`."""
+
+    __tablename__ = "gt_jobs"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", JOB_STATES), name="state"),
+        CheckConstraint("m > 0 AND n > 0 AND k > 0", name="positive_dims"),
+        # At most one open job per (GPU model, problem): a repeated request gets the open one.
+        Index("uq_gt_jobs_open_problem", "gpu_name", "m", "n", "k", "dtype", "layout",
+              "general_alpha_beta", unique=True,
+              sqlite_where=text("state IN ('queued', 'running')"),
+              postgresql_where=text("state IN ('queued', 'running')")),
+        # what a worker polls for: the oldest open job of its GPU model
+        Index("ix_gt_jobs_state_gpu", "state", "gpu_name", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_name: Mapped[str] = mapped_column(String(200))  # a GPU model, as gt_gpus spells it
+    m: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    k: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(20))
+    layout: Mapped[str] = mapped_column(String(20))
+    general_alpha_beta: Mapped[bool] = mapped_column(Boolean)
+    families: Mapped[list[str]] = mapped_column(JSON)  # [] means the worker's default families
+    budget: Mapped[dict[str, Any]] = mapped_column(JSON)
+    origin: Mapped[str] = mapped_column(String(20))  # "request" (POST /api/jobs) | "best" (a miss)
+    state: Mapped[str] = mapped_column(String(20), default="queued")
+    reason: Mapped[str | None] = mapped_column(Text)  # why it failed (or how it ended)
+    worker: Mapped[str | None] = mapped_column(String(255))  # the claim holder
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far
+    run_ids: Mapped[list[int]] = mapped_column(JSON)  # the runs it made
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -15,6 +15,11 @@ TRIAL_STATES: tuple[str, ...] = (
 
 RUN_STATES: tuple[str, ...] = ("running", "finished", "interrupted", "failed")
 
+# A tuning job (db/jobs.py): queued → running (claimed by a worker) → done | failed; a running
+# job goes back to queued when its worker stops on Ctrl-C, and may be claimed again by another
+# worker once its heartbeat is stale (its worker died).
+JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed")
+
 # A run leaves "running" once, for one of these.
 END_STATES: tuple[str, ...] = tuple(s for s in RUN_STATES if s != "running")
 
