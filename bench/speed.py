@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -199,7 +200,14 @@ def run_tuner(args: argparse.Namespace, url: str, problems: Sequence[Problem]) -
     if args.timeout is not None:
         command += ["--timeout", f"{args.timeout:g}"]
     print(f"tuning {len(problems)} problem(s): {shlex.join(['python', *command[1:]])}", flush=True)
-    return subprocess.run(command, cwd=ROOT).returncode
+    process = subprocess.Popen(command, cwd=ROOT)
+    # Ctrl-C reaches the tuner too, which finishes its trial and marks its runs interrupted
+    # (exit 130); this process must only wait for that, not kill it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ---------------------------------------------------------------- measuring
@@ -229,6 +237,15 @@ def _error_state(error: Exception) -> str:
     return "compile_error" if isinstance(error, kernels.CompileError) else "crashed"
 
 
+def empty_row(p: Problem, note: str | None) -> dict[str, Any]:
+    """A result row before anything is measured: every field present, figures None."""
+    return {"m": p.m, "n": p.n, "k": p.k, "cublas_gflops": None, "cublas_time_median_ms": None,
+            "cublas_sm_clock_mhz": None, "cublas_runs": [], "gflops": None, "ratio": None,
+            "family": None, "config": None, "time_median_ms": None, "sm_clock_mhz": None,
+            "min_dram_bytes": min_dram_bytes(p.m, p.n, p.k), "gbps": None, "dram_fraction": None,
+            "cublas_gbps": None, "candidates": [], "note": note}
+
+
 def measure_problem(bench: Any, p: Problem, candidates: Sequence[Candidate],
                     compiled: Sequence[bytes | Exception], peak: float | None) -> dict[str, Any]:
     """cuBLAS, every candidate, cuBLAS again — all on the same inputs, re-measured now."""
@@ -254,16 +271,11 @@ def measure_problem(bench: Any, p: Problem, candidates: Sequence[Candidate],
         e["ratio"] = e["gflops"] / cublas["gflops"]
     best = max(ok, key=lambda e: e["gflops"]) if ok else None
     traffic = min_dram_bytes(p.m, p.n, p.k)
-    row: dict[str, Any] = {
-        "m": p.m, "n": p.n, "k": p.k, "cublas_gflops": cublas["gflops"],
-        "cublas_time_median_ms": cublas["time_median_ms"], "cublas_sm_clock_mhz": cublas["sm_clock_mhz"],
-        "cublas_runs": [before, after], "gflops": None, "ratio": None, "family": None, "config": None,
-        "time_median_ms": None, "sm_clock_mhz": None, "min_dram_bytes": traffic, "gbps": None,
-        "dram_fraction": None, "cublas_gbps": traffic / (cublas["time_median_ms"] * 1e-3) / 1e9,
-        "candidates": measured,
-        "note": None if best else ("not tuned: no stored config" if not candidates
-                                   else f"all {len(candidates)} candidates failed now"),
-    }
+    row = empty_row(p, None if best else "not tuned: no stored config" if not candidates
+                    else f"all {len(candidates)} candidates failed now")
+    row.update(cublas_gflops=cublas["gflops"], cublas_time_median_ms=cublas["time_median_ms"],
+               cublas_sm_clock_mhz=cublas["sm_clock_mhz"], cublas_runs=[before, after],
+               cublas_gbps=traffic / (cublas["time_median_ms"] * 1e-3) / 1e9, candidates=measured)
     if best:
         gbps = traffic / (best["time_median_ms"] * 1e-3) / 1e9
         row.update(gflops=best["gflops"], ratio=best["gflops"] / cublas["gflops"],
@@ -271,6 +283,32 @@ def measure_problem(bench: Any, p: Problem, candidates: Sequence[Candidate],
                    time_median_ms=best["time_median_ms"], sm_clock_mhz=best["sm_clock_mhz"],
                    gbps=gbps, dram_fraction=gbps * 1e9 / peak if peak else None)
     return row
+
+
+def measure_all(bench: Any, fault: type[Exception], problems: Sequence[Problem],
+                found: dict[Problem, list[Candidate]], compiled: Any, peak: float | None
+                ) -> tuple[list[dict[str, Any]], str | None]:
+    """Every problem in turn; an error in one becomes its row's note. Stops early on Ctrl-C or
+    a sticky GPU fault (the context is dead), returning what was measured and why it stopped."""
+    rows: list[dict[str, Any]] = []
+    for p in problems:
+        cubins = [next(compiled) for _ in found[p]]
+        try:
+            row = measure_problem(bench, p, found[p], cubins, peak)
+        except KeyboardInterrupt:
+            return rows, "interrupted"
+        except fault as error:
+            print(f"bench/speed.py: GPU fault at {p.shape}: {error}; stopping", file=sys.stderr)
+            return rows, f"GPU fault at {p.shape}: {error}"
+        except Exception as error:  # e.g. out of memory for this problem's buffers
+            print(f"bench/speed.py: {p.shape} failed: {error}", file=sys.stderr)
+            row = empty_row(p, f"error: {str(error).strip()[:300]}")
+        rows.append(row)
+        ours = (f"{row['family']} {row['gflops'] / 1e3:.2f} TFLOP/s ({row['ratio']:.3f}x)"
+                if row["ratio"] is not None else row["note"])
+        cublas = "-" if row["cublas_gflops"] is None else f"{row['cublas_gflops'] / 1e3:.2f}"
+        print(f"  {p.shape}: cuBLAS {cublas} TFLOP/s, ours {ours}", flush=True)
+    return rows, None
 
 
 # ---------------------------------------------------------------- summary
@@ -328,7 +366,7 @@ def table(rows: Sequence[dict]) -> str:
     return format_table(
         ["M", "N", "K", "cuBLAS TFLOP/s", "ours TFLOP/s", "ratio", "family", "config", "SM MHz",
          "GB/s", "% DRAM peak"],
-        [[r["m"], r["n"], r["k"], num(r["cublas_gflops"] / 1e3, ".2f"),
+        [[r["m"], r["n"], r["k"], num(r["cublas_gflops"] and r["cublas_gflops"] / 1e3, ".2f"),
           num(r["gflops"] and r["gflops"] / 1e3, ".2f"), num(r["ratio"], ".3f"), r["family"] or "-",
           config_text(r["config"]) if r["config"] else f"({r['note']})", clock(r),
           num(r["gbps"], ",.0f"), num(r["dram_fraction"] and 100 * r["dram_fraction"], ".1f")]
@@ -408,22 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     compiled = iter(compile_all(flat, arch))
     print(f"{info['name']}: {len(flat)} candidate(s) compiled in {time.time() - started:.1f} s; "
           f"measuring {len(args.problems)} problem(s)", flush=True)
-    rows: list[dict[str, Any]] = []
-    stopped = None
-    try:
-        for p in args.problems:
-            row = measure_problem(bench, p, found[p], [next(compiled) for _ in found[p]],
-                                  peak["peak_bytes_per_s"])
-            rows.append(row)
-            ours = f"{row['family']} {row['gflops'] / 1e3:.2f} TFLOP/s ({row['ratio']:.3f}x)" \
-                if row["ratio"] is not None else row["note"]
-            print(f"  {p.shape}: cuBLAS {row['cublas_gflops'] / 1e3:.2f} TFLOP/s, ours {ours}", flush=True)
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-    except getattr(backend, "GpuFault", RuntimeError) as fault:  # the CUDA context is dead
-        stopped = f"GPU fault: {fault}"
-        print(f"bench/speed.py: {stopped}; stopping", file=sys.stderr)
-
+    rows, stopped = measure_all(bench, getattr(backend, "GpuFault", RuntimeError), args.problems,
+                                found, compiled, peak["peak_bytes_per_s"])
     checks = targets(rows)
     print()
     print(report_text(rows, checks))

@@ -228,3 +228,27 @@ def test_on_a_real_gpu_one_small_problem_end_to_end(tmp_path):
     assert row["cublas_gflops"] > 0 and row["gflops"] > 0 and row["family"] == "smem"
     assert all(c["state"] == "ok" and c["rel_error"] is not None for c in row["candidates"])
     assert 0 < row["dram_fraction"] and row["sm_clock_mhz"] is not None
+
+
+def test_a_failing_problem_becomes_a_noted_row_and_a_gpu_fault_stops_the_run():
+    """A bench that runs out of memory on one shape and loses its context on another (planted,
+    as tuner.testing plants faults)."""
+    speed = load_speed()
+    from tuner.testing import GpuFault
+
+    class PlantedBench(StandInBench):
+        def set_problem(self, m: int, n: int, k: int) -> None:
+            if m == 2:
+                raise RuntimeError("cuMemAlloc(8) failed: CUDA_ERROR_OUT_OF_MEMORY")
+            if m == 3:
+                raise GpuFault("CUDA_ERROR_ILLEGAL_ADDRESS")
+            super().set_problem(m, n, k)
+
+    problems = [Problem(1, 8, 8), Problem(2, 8, 8), Problem(3, 8, 8), Problem(4, 8, 8)]
+    rows, stopped = speed.measure_all(PlantedBench(0), GpuFault, problems,
+                                      {p: [] for p in problems}, iter([]), None)
+    assert [r["m"] for r in rows] == [1, 2]
+    assert rows[0]["cublas_gflops"] == STANDIN_CUBLAS_GFLOPS and rows[0]["note"].startswith("not tuned")
+    assert rows[1]["cublas_gflops"] is None and "CUDA_ERROR_OUT_OF_MEMORY" in rows[1]["note"]
+    assert stopped == "GPU fault at 3x8x8: CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert "(error: cuMemAlloc(8) failed: CUDA_ERROR_OUT_OF_MEMORY)" in speed.table(rows)
