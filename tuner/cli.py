@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compile processes (default: CPU cores - 1, at most 8)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log a line per trial; twice for debug output")
+    from tuner.worker import add_worker_arguments
+
+    add_worker_arguments(parser, _positive_int, _positive_seconds)
     return parser
 
 
@@ -203,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      workers=args.workers or default_workers(), out=sys.stdout)
         return EXIT_OK if ok else EXIT_FAILED
 
+    if args.worker:
+        from tuner.worker import worker_main
+
+        return worker_main(args)
     if args.replay:
         from tuner.replay import replay_main
 
