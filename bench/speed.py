@@ -232,9 +232,9 @@ def compile_all(candidates: Sequence[Candidate], arch: str) -> list[bytes | Exce
 
 
 def _error_state(error: Exception) -> str:
-    if isinstance(error, kernels.ConfigError):
-        return "rejected"
-    return "compile_error" if isinstance(error, kernels.CompileError) else "crashed"
+    # A config the family's current constraints refuse is "rejected"; any other failure to
+    # produce a CUBIN (NVRTC's log, a missing library, a dead worker) is a compile error.
+    return "rejected" if isinstance(error, kernels.ConfigError) else "compile_error"
 
 
 def empty_row(p: Problem, note: str | None) -> dict[str, Any]:
@@ -383,8 +383,9 @@ def report_text(rows: Sequence[dict], checks: Sequence[dict]) -> str:
     for r in rows:
         for c in r["candidates"]:
             if c.get("state") != "ok":
+                first = (c.get("error") or "").strip().splitlines()[:1] or ["-"]
                 lines.append(f"  FAILED NOW {r['m']}x{r['n']}x{r['k']} {c['family']} "
-                             f"{config_text(c['config'])}: {c.get('state')}: {c.get('error')}")
+                             f"{config_text(c['config'])}: {c.get('state')}: {first[0]}")
     return "\n".join(lines)
 
 
