@@ -263,6 +263,8 @@ def measure_problem(bench: Any, p: Problem, candidates: Sequence[Candidate],
             entry.update(bench.evaluate(cubin, family.launches(c.config, p.m, p.n, p.k),
                                         family.workspace_bytes(c.config, p.m, p.n, p.k),
                                         family.flops(p.m, p.n, p.k)))
+            if entry.get("rel_error") is not None and not math.isfinite(entry["rel_error"]):
+                entry["rel_error"] = None  # NaN/Inf output: strict JSON has no inf; the error says it
         measured.append(entry)
     after = bench.baseline()
     cublas = max(before, after, key=lambda b: b["gflops"])
@@ -389,6 +391,13 @@ def report_text(rows: Sequence[dict], checks: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def _plain(value: Any) -> Any:
+    """JSON for the odd NumPy scalar a measurement may carry."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
@@ -420,8 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason is not None:
         print(f"bench/speed.py: no usable GPU {args.gpu}: {reason}", file=sys.stderr)
         return EXIT_FAILED
-    bench = backend.GpuBench(args.gpu)
-    info, arch = bench.info(), bench.arch()
+    try:
+        bench = backend.GpuBench(args.gpu)
+        info, arch = bench.info(), bench.arch()
+    except Exception as error:  # e.g. no such device, or cuBLAS missing for the baseline
+        print(f"bench/speed.py: cannot start measuring on GPU {args.gpu}: {error}", file=sys.stderr)
+        return EXIT_FAILED
 
     def read_candidates() -> dict[Problem, list[Candidate]]:
         with db.open_database(url) as database:
@@ -465,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "families": args.families, "tuned": [p.shape for p in to_tune], "tuner_exit": tuner_exit,
         "complete": stopped is None and len(rows) == len(args.problems), "stopped": stopped,
         "rows": rows, "geomean_ratio": geomean(ratios), "targets": checks,
-    }, indent=1))
+    }, indent=1, default=_plain))
     print(f"\nwrote {out}")
     if stopped == "interrupted":
         return EXIT_INTERRUPTED

@@ -169,6 +169,17 @@ def test_bad_input_is_refused_before_anything_is_stored(tmp_path, argv, wanted):
     assert not out.exists() and not path.exists()
 
 
+def test_without_a_usable_gpu_it_says_so_and_writes_nothing(tmp_path):
+    out = tmp_path / "speed.json"
+    env = env_for(tmp_path) | {"GEMMTUNE_STANDIN_NO_GPU": "the stand-in was told there is no GPU"}
+    result = subprocess.run([sys.executable, str(SPEED), "--shape", "64x64x64", "--db",
+                             str(tmp_path / "r.sqlite"), "--out", str(out)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "no usable GPU 0: the stand-in was told there is no GPU" in result.stderr
+    assert not out.exists()
+
+
 def test_a_candidate_that_now_fails_verification_is_reported_not_dropped():
     speed = load_speed()
     naive = kernels.FAMILIES["naive"]
