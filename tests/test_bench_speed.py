@@ -238,7 +238,9 @@ def test_on_a_real_gpu_one_small_problem_end_to_end(tmp_path):
     [row] = report["rows"]
     assert row["cublas_gflops"] > 0 and row["gflops"] > 0 and row["family"] == "smem"
     assert all(c["state"] == "ok" and c["rel_error"] is not None for c in row["candidates"])
-    assert 0 < row["dram_fraction"] and row["sm_clock_mhz"] is not None
+    assert row["ratio"] == pytest.approx(row["gflops"] / row["cublas_gflops"])
+    assert 0 < row["dram_fraction"] == pytest.approx(
+        row["gbps"] * 1e9 / report["device"]["dram"]["peak_bytes_per_s"])
 
 
 def test_a_failing_problem_becomes_a_noted_row_and_a_gpu_fault_stops_the_run():
