@@ -8,9 +8,10 @@ import db
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from . import routes_api, routes_pages
+from . import routes_api, routes_jobs, routes_pages
 from .assets import install_assets
 from .errors import install_error_handlers
+from .jobs import JobQueue
 from .reads import Reads
 
 TOKEN_ENV = "GEMMTUNE_API_TOKEN"
@@ -41,10 +42,13 @@ def create_app(database: db.Database | str | None = None, *, api_token: str | No
     )
     app.state.database = database
     app.state.reads = Reads(database)
+    app.state.jobs = JobQueue(database)
     token = api_token if api_token is not None else os.environ.get(TOKEN_ENV)
     app.state.api_token = token or None  # "" counts as unset: writes stay off
     install_error_handlers(app, _error_page)
     install_assets(app)
     app.include_router(routes_api.router)
+    app.include_router(routes_jobs.router)
     app.include_router(routes_pages.router)
+    app.include_router(routes_jobs.pages)
     return app

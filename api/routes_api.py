@@ -1,4 +1,5 @@
-"""JSON routes under /api. Read-only: none of them writes, so none needs the write token."""
+"""JSON routes under /api about results. Read-only, except that /api/best with tune=true (write token
+required) queues a tuning job on a miss; the job routes are in routes_jobs.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from enum import StrEnum
 from typing import Annotated
 
 import db
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from . import schemas as s
+from .auth import require_write_token
 from .reads import MAX_DIM, PAGE_MAX, Reads
 
 # Enums (rather than plain strings) so the OpenAPI schema lists the allowed values and a bad one
@@ -74,10 +76,22 @@ def list_problems(r: Db) -> list[s.ProblemOut]:
     summary="Best verified config for a GPU and shape",
     description="The fastest verified (`ok`) config for this GPU and shape. When the shape was never tuned, "
     "the best config of the nearest tuned shape (log2 distance) on the same GPU, `match: nearest`; "
-    "`match: none` when nothing was tuned on that GPU.",
+    "`match: none` when nothing was tuned on that GPU. With `tune=true` (needs the write token) a miss, i.e. any "
+    "answer but `exact`, also queues a tuning job for this GPU model and shape (and `kernel`, if given), "
+    "returned as `job`; an open job for the same GPU model and shape is returned instead of a new one.",
 )
-def best(r: Db, gpu: Gpu, m: Dim, n: Dim, k: Dim, kernel: Kernel = None, nearest: bool = True) -> s.BestOut:
-    return r.best(gpu, m, n, k, kernel, nearest)
+def best(
+    r: Db, request: Request, gpu: Gpu, m: Dim, n: Dim, k: Dim, kernel: Kernel = None, nearest: bool = True,
+    tune: Annotated[bool, Query(description="On a miss, queue a tuning job (needs the write token).")] = False,
+    authorization: Annotated[str | None, Header(description="`Bearer <GEMMTUNE_API_TOKEN>`, for tune=true")] = None,
+) -> s.BestOut:
+    if tune:
+        require_write_token(request, authorization)
+    found = r.best(gpu, m, n, k, kernel, nearest)
+    if tune and found.match != "exact":
+        families = [found.kernel] if found.kernel else None
+        found.job, _ = request.app.state.jobs.enqueue(gpu, m, n, k, families=families, budget={}, origin="best")
+    return found
 
 
 @router.get("/overview", response_model=list[s.OverviewCellOut], summary="Best per GPU and problem")

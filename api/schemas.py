@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from db import JOB_BUDGET_LIMITS
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorOut(BaseModel):
@@ -84,6 +85,9 @@ class BestOut(BaseModel):
     )
     kernel: str | None = Field(default=None, description="The family filter, if one was given.")
     best: BestConfig | None = None
+    job: JobOut | None = Field(
+        default=None, description="With tune=true and no exact match: the tuning job queued for this shape (or already open)."
+    )
 
 
 class RunOut(BaseModel):
@@ -155,3 +159,57 @@ class FamilyComparison(BaseModel):
     cublas_gflops: float | None = None
     families: list[BestConfig] = Field(description="Each family's best on this problem and GPU, best first.")
     runs: list[RunOut]
+
+
+# --- tuning jobs ---------------------------------------------------------------------------------
+
+
+_LIMITS = JOB_BUDGET_LIMITS
+JOB_MAX_DIM = 1 << 20  # the same bound as /api/best's sizes (reads.MAX_DIM)
+
+
+class JobBudgetIn(BaseModel):
+    """A field left out: the worker's default (its --trials, --patience; 780 s)."""
+
+    model_config = ConfigDict(extra="forbid")
+    trials: int | None = Field(default=None, ge=_LIMITS["trials"][0], le=_LIMITS["trials"][1],
+                               description="Measured configs per study (tuner --trials).")
+    patience: int | None = Field(default=None, ge=_LIMITS["patience"][0], le=_LIMITS["patience"][1],
+                                 description="Stop a study after this many measured configs without a new best; 0: never.")
+    total_seconds: float | None = Field(default=None, ge=_LIMITS["total_seconds"][0], le=_LIMITS["total_seconds"][1],
+                                        allow_inf_nan=False, description="Wall time the job's studies share.")
+
+
+class JobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
+                     description="A GPU model (name, any case) or a board's UUID, among the GPUs the database knows.")
+    m: int = Field(ge=1, le=JOB_MAX_DIM)
+    n: int = Field(ge=1, le=JOB_MAX_DIM)
+    k: int = Field(ge=1, le=JOB_MAX_DIM)
+    families: list[str] | None = Field(default=None, max_length=50,
+                                       description="Kernel families to tune; left out or []: the worker's default (all).")
+    budget: JobBudgetIn = Field(default_factory=JobBudgetIn)
+
+
+class JobOut(BaseModel):
+    id: int
+    state: str = Field(description="queued, running, done or failed.")
+    gpu: str = Field(description="The GPU model, as stored.")
+    m: int
+    n: int
+    k: int
+    dtype: str
+    layout: str
+    general_alpha_beta: bool
+    families: list[str] = Field(description="[]: the worker's default families.")
+    budget: dict = Field(description="trials / patience / total_seconds; a missing key: the worker's default.")
+    origin: str = Field(description="request (POST /api/jobs) or best (a miss on /api/best with tune=true).")
+    reason: str | None = Field(default=None, description="Why it failed, or what it found.")
+    worker: str | None = Field(default=None, description="The worker that holds (or last held) it.")
+    attempts: int = Field(description="How many times a worker claimed it.")
+    run_ids: list[int] = Field(description="The tuning runs it made (set when it ends).")
+    created_at: datetime
+    claimed_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    ended_at: datetime | None = None

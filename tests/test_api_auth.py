@@ -10,7 +10,7 @@ import pytest
 from fastapi import Depends
 from fastapi.testclient import TestClient
 
-from api import create_app
+from api import create_app, routes_jobs
 from api.auth import require_write_token
 
 
@@ -57,9 +57,12 @@ def test_explicit_token_argument_overrides_the_environment(tmp_path, monkeypatch
     assert r.status_code == 403 and "read-only" in r.json()["detail"]
 
 
-def test_no_shipped_route_writes(tmp_path):
-    """Until POST /api/jobs lands, the API is read-only: only GET routes in the schema."""
+def test_the_only_writing_route_carries_the_token_check(tmp_path):
+    """POST /api/jobs is the one route that is not a GET, and it depends on require_write_token
+    (so does /api/best with tune=true: tests/test_jobs_api.py)."""
     client = TestClient(create_app(f"sqlite:///{tmp_path}/results.sqlite"))
-    methods = {m for ops in client.get("/openapi.json").json()["paths"].values() for m in ops}
-    assert methods == {"get"}
+    writes = {(path, m) for path, ops in client.get("/openapi.json").json()["paths"].items() for m in ops if m != "get"}
+    assert writes == {("/api/jobs", "post")}
+    [route] = [r for r in routes_jobs.router.routes if r.path == "/api/jobs" and "POST" in r.methods]
+    assert require_write_token in [d.call for d in route.dependant.dependencies]
     assert client.post("/api/runs").status_code == 405

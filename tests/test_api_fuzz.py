@@ -10,7 +10,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from test_api_support import STANDIN_GPU, tune_into
 
-from api import create_app, routes_api, routes_pages
+from api import create_app, routes_api, routes_jobs, routes_pages
 
 JUNK = [
     "", " ", "0", "-1", "1", "2", "1.5", "1e3", "1e309", "NaN", "inf", "-inf", "0x10", "9" * 40, str(2**63),
@@ -43,7 +43,8 @@ def params_of(dependant) -> tuple[list[str], list[str]]:
 def get_routes(app) -> list[tuple[str, list[str], list[str]]]:
     """(path template, path parameter names, query parameter names) of every GET route: the app's
     own and those of the routers it includes (each router's routes carry their full path)."""
-    routes = [r for router in (app.router, routes_api.router, routes_pages.router) for r in router.routes]
+    routers = (app.router, routes_api.router, routes_jobs.router, routes_pages.router, routes_jobs.pages)
+    routes = [r for router in routers for r in router.routes]
     return [
         (route.path, *params_of(route.dependant))
         for route in routes
