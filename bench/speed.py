@@ -48,12 +48,13 @@ SQUARE_TARGET, GEOMEAN_TARGET, FLOOR_TARGET, SKINNY_TARGET = 0.95, 1.10, 0.80, 2
 DEFAULT_CANDIDATES = 3
 # Timing runs C = A·B (alpha 1, beta 0) for cuBLAS and ours alike, so C is written, never read.
 TIMED_BETA = 0.0
-METHOD = (f"tuner.gpu.GpuBench in one process: CUDA events around each launch, warm-up launches "
-          f"first, median of >={gpu_bench.MIN_REPS} launches (about {gpu_bench.TIMING_TARGET_S * 1e3:g} ms), "
-          f"input sets rotated over >={gpu_bench.L2_FLUSH_FACTOR}x L2; each candidate verified against "
-          "a float64 cuBLAS DGEMM reference first; cuBLAS = cublasGemmEx FP32 with "
-          "CUBLAS_COMPUTE_32F (no TF32), timed before and after the candidates, the faster median "
-          "used; both timed with alpha=1, beta=0.")
+METHOD = ("tuner.gpu.GpuBench in one process: CUDA events around each launch, warm-up launches "
+          f"first, median of >={gpu_bench.MIN_REPS} launches "
+          f"(about {gpu_bench.TIMING_TARGET_S * 1e3:g} ms), input sets rotated over "
+          f">={gpu_bench.L2_FLUSH_FACTOR}x L2; each candidate verified against a float64 cuBLAS "
+          "DGEMM reference first; cuBLAS = cublasGemmEx FP32 with CUBLAS_COMPUTE_32F (no TF32), "
+          "timed before and after the candidates, the faster median used; both timed with "
+          "alpha=1, beta=0.")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
