@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -171,6 +171,35 @@ class Writes(DatabaseCore):
                 )
             row.state = state
             row.ended_at = utcnow()
+
+    def heartbeat_run(self, run_id: int) -> bool:
+        """A running run's tuner is alive: refresh its heartbeat_at. Returns False (and changes
+        nothing) when the run is no longer "running", e.g. marked interrupted as stale."""
+        with self._writing() as session:
+            row = self._run_row(session, run_id)
+            if row.state != "running":
+                return False
+            row.heartbeat_at = utcnow()
+            return True
+
+    def interrupt_stale_runs(self, stale_after_s: float) -> list[int]:
+        """Mark "interrupted" every running run whose heartbeat is older than stale_after_s
+        seconds: its tuner died without saying so (SIGKILL, power loss). ended_at is set to the
+        last heartbeat, the last moment it was known alive. Returns the ids marked."""
+        if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
+                or not stale_after_s > 0:
+            raise bad_value("stale_after_s", stale_after_s, "a positive number of seconds")
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        with self._writing() as session:
+            rows = session.scalars(select(RunRow).where(
+                RunRow.state == "running",
+                or_(RunRow.heartbeat_at < cutoff,
+                    and_(RunRow.heartbeat_at.is_(None), RunRow.started_at < cutoff)),
+            )).all()
+            for row in rows:
+                row.state = "interrupted"
+                row.ended_at = row.heartbeat_at or row.started_at
+            return [row.id for row in rows]
 
     def add_baseline(self, *, gpu_id: int, problem_id: int, library: str = "cublas",
                      time_median_ms: float, gflops: float, sm_clock_mhz: int | None = None,

@@ -1,0 +1,227 @@
+"""Several tuner processes sharing one study through the Optuna storage.
+
+Each worker searches on an in-memory copy of the study (tuner.search). This module is its view
+of the stored study:
+
+* ``SharedStudy.pull()`` reads what changed in the storage since the last look (trials added
+  by others, and the ones it saw running or waiting), one incremental query;
+* with claims on, a candidate is registered in the storage as a RUNNING trial before it is
+  measured (``claim``), kept alive by a heartbeat (``Heartbeat``), and finished in place
+  (``finish``), so other workers see it in flight and skip it; two workers that claim the same
+  config at once resolve it by trial id (the lower one measures);
+* a claim whose heartbeat is older than the stale-after time belongs to a dead worker: Optuna's
+  ``fail_stale_trials`` fails it and the storage's retry callback queues a WAITING copy, which
+  the next worker with room takes (``take_waiting``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState, create_trial
+
+log = logging.getLogger(__name__)
+
+Key = tuple[tuple[str, int], ...]
+OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
+
+
+def heartbeats_on(storage: BaseStorage) -> bool:
+    """Whether the storage keeps trial heartbeats (tuner.storage.open_storage makes such)."""
+    interval = getattr(storage, "get_heartbeat_interval", None)
+    return interval is not None and interval() is not None
+
+
+@dataclass
+class Changes:
+    """What ``pull`` found: trials that finished since the last look (COMPLETE ones to learn
+    from, and FAILed claims that were in flight), and the other workers' open trials now."""
+
+    completed: list[FrozenTrial] = field(default_factory=list)
+    failed: list[FrozenTrial] = field(default_factory=list)
+    started: list[FrozenTrial] = field(default_factory=list)  # others' new RUNNING claims
+
+
+class SharedStudy:
+    """One worker's handle on a stored study."""
+
+    def __init__(self, storage: BaseStorage, name: str, *, key_of: Callable[[FrozenTrial], Key],
+                 claims: bool, stale_check_every_s: float) -> None:
+        self.storage = storage
+        self.key_of = key_of  # a stored trial's config identity (params hold positions)
+        self.study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                         load_if_exists=True)
+        self.study_id = storage.get_study_id_from_name(name)
+        self.claims = claims and heartbeats_on(storage)
+        self.stale_check_every_s = stale_check_every_s
+        self._next_stale_check = 0.0
+        self._last_id = -1
+        self.others_open: dict[int, FrozenTrial] = {}  # RUNNING/WAITING trials not ours, by id
+        self.own: set[int] = set()  # ids this worker wrote (it knows them already)
+        self.mine_running: set[int] = set()  # our claims in flight: the heartbeat keeps them
+        self._lock = threading.Lock()  # mine_running is read by the heartbeat thread
+
+    # ------------------------------------------------------------------ reading
+
+    def pull(self) -> Changes:
+        """Trials added or changed in the storage since the last call (the first call: all)."""
+        self._fail_stale()
+        trials = self._trials_since(self._last_id, set(self.others_open))
+        changes = Changes()
+        for trial in trials:
+            self._last_id = max(self._last_id, trial._trial_id)
+            if trial._trial_id in self.own:
+                continue
+            was_open = self.others_open.pop(trial._trial_id, None)
+            if trial.state in OPEN_STATES:
+                self.others_open[trial._trial_id] = trial
+                if trial.state == TrialState.RUNNING and (
+                        was_open is None or was_open.state != TrialState.RUNNING):
+                    changes.started.append(trial)
+            elif trial.state == TrialState.COMPLETE:
+                changes.completed.append(trial)
+            elif was_open is not None:
+                changes.failed.append(trial)
+        return changes
+
+    def _trials_since(self, last_id: int, watched: set[int]) -> list[FrozenTrial]:
+        """Trials with an id above last_id, and those in watched, in id order."""
+        incremental = getattr(self.storage, "_get_trials", None)
+        if incremental is not None:  # RDBStorage: one query for just these (as Optuna's cache)
+            return incremental(self.study_id, None, watched, last_id)
+        return [t for t in self.storage.get_all_trials(self.study_id, deepcopy=False)
+                if t._trial_id > last_id or t._trial_id in watched]
+
+    def _fail_stale(self) -> None:
+        if not heartbeats_on(self.storage) or time.monotonic() < self._next_stale_check:
+            return
+        self._next_stale_check = time.monotonic() + self.stale_check_every_s
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # type: ignore[attr-defined]
+
+    def waiting(self) -> list[FrozenTrial]:
+        """Queued retries of dead workers' candidates, oldest first."""
+        return [t for i, t in sorted(self.others_open.items()) if t.state == TrialState.WAITING]
+
+    # ------------------------------------------------------------------ writing
+
+    def add_finished(self, trial: FrozenTrial) -> int:
+        """Store a finished trial in one transaction; returns its number in the storage."""
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
+        self.own.add(trial_id)
+        return self.storage.get_trial_number_from_id(trial_id)
+
+    def claim(self, params: dict[str, int],
+              distributions: dict[str, BaseDistribution]) -> tuple[int, int]:
+        """Register a candidate as RUNNING with a first heartbeat; returns (trial id, number).
+        The caller pulls next and asks ``claimed_before``: two workers may claim one config
+        at the same moment."""
+        template = create_trial(state=TrialState.RUNNING, params=params,
+                                distributions=distributions)
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
+        self.own.add(trial_id)
+        self._start_heartbeat(trial_id)
+        return trial_id, self.storage.get_trial_number_from_id(trial_id)
+
+    def claimed_before(self, key: Key, trial_id: int) -> bool:
+        """Whether another worker holds a claim on the same config with a lower trial id.
+        Ids are handed out in commit order, so of two racing claims the later one sees the
+        earlier after its pull, and backs off: exactly one of them measures."""
+        return any(t.state == TrialState.RUNNING and i < trial_id and self.key_of(t) == key
+                   for i, t in self.others_open.items())
+
+    def take_waiting(self, trial: FrozenTrial) -> bool:
+        """Take a queued retry (WAITING → RUNNING, atomic in the storage); False: someone
+        else took it first."""
+        if not self.storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
+            return False
+        self.others_open.pop(trial._trial_id, None)
+        self.own.add(trial._trial_id)
+        self._start_heartbeat(trial._trial_id)
+        return True
+
+    def finish(self, trial_id: int, finished: FrozenTrial) -> int:
+        """Complete our claim with the in-memory trial's value and attributes; returns its
+        number. If a slow heartbeat let another worker fail the claim meanwhile, the result is
+        stored as a new trial instead (nothing measured is lost)."""
+        self._stop_heartbeat(trial_id)
+        storage = self.storage
+        try:
+            for name, value in finished.user_attrs.items():
+                storage.set_trial_user_attr(trial_id, name, value)
+            for name, value in finished.system_attrs.items():
+                storage.set_trial_system_attr(trial_id, name, value)
+            storage.set_trial_state_values(trial_id, TrialState.COMPLETE, finished.values)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            log.warning("claim %d was failed as stale while it was being measured (heartbeat "
+                        "too slow for --stale-after?); storing the result as a new trial",
+                        trial_id)
+            return self.add_finished(finished)
+        return storage.get_trial_number_from_id(trial_id)
+
+    def release(self, trial_id: int, *, requeue: bool) -> None:
+        """Give up a claim that was never measured: back to WAITING (a retry someone else
+        should take) or FAIL (the config becomes free for any sampler to propose again)."""
+        self._stop_heartbeat(trial_id)
+        state = TrialState.WAITING if requeue else TrialState.FAIL
+        try:
+            self.storage.set_trial_state_values(trial_id, state)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # already failed as stale by another worker
+        if requeue:
+            self.own.discard(trial_id)  # someone else's to take now: watch it like theirs
+            self.others_open[trial_id] = self.storage.get_trial(trial_id)
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def _start_heartbeat(self, trial_id: int) -> None:
+        self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        with self._lock:
+            self.mine_running.add(trial_id)
+
+    def _stop_heartbeat(self, trial_id: int) -> None:
+        with self._lock:
+            self.mine_running.discard(trial_id)
+
+    def beat(self) -> None:
+        with self._lock:
+            ids = sorted(self.mine_running)
+        for trial_id in ids:
+            self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+
+
+class Heartbeat:
+    """A daemon thread that calls each of ``beats`` every ``interval_s`` seconds until stopped;
+    a failing beat is logged and tried again next time (the database may be restarting)."""
+
+    def __init__(self, interval_s: float, beats: Iterable[Callable[[], Any]]) -> None:
+        self.interval_s = interval_s
+        self.beats = list(beats)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gemmtune-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for beat in self.beats:
+                try:
+                    beat()
+                except Exception as error:  # noqa: BLE001  keep beating; the next may work
+                    log.warning("heartbeat failed: %s", error)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
