@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--family", action="append", default=[])
     ap.add_argument("--config", action="append", default=[], help="family:JSON config to add")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top", type=int, default=1, help="rows printed per family (its fastest configs)")
     ap.add_argument("--out", default="bench/results/ladder.json")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shape or ["4096x4096x4096"])]
@@ -71,15 +72,13 @@ def main() -> None:
                 row.update(bench.evaluate(ck.cubin, fam.launches(config, m, n, k), fam.workspace_bytes(config, m, n, k),
                                           fam.flops(m, n, k)))
             rows.append(row)
-        best = {}
-        for r in rows:
+        ranked: dict[str, list[dict]] = {}
+        for r in sorted(rows, key=lambda r: -r.get("gflops", 0.0)):
             if (r["m"], r["n"], r["k"]) == (m, n, k) and r.get("state") == "ok":
-                if r["family"] not in best or r["gflops"] > best[r["family"]]["gflops"]:
-                    best[r["family"]] = r
+                ranked.setdefault(r["family"], []).append(r)
         print(f"{'family':12s} {'TFLOP/s':>8s} {'x cuBLAS':>8s} {'regs':>5s} {'spill':>5s} {'occ':>5s}  config")
         for name in FAMILIES:
-            if name in best:
-                r = best[name]
+            for r in ranked.get(name, [])[:args.top]:
                 print(f"{name:12s} {r['gflops'] / 1e3:8.2f} {r['gflops'] / base['gflops']:8.3f} {r['registers']:5d} "
                       f"{r['spills']:5d} {r['occupancy']:5.2f}  {json.dumps(r['config'])}")
         bad = [r for r in rows if (r["m"], r["n"], r["k"]) == (m, n, k) and r.get("state") != "ok"]

@@ -16,9 +16,10 @@ from kernels import FAMILIES, compile_config, get_family, occupancy
 
 pytestmark = pytest.mark.gpu
 
-# 1x1x1, primes, K = 1, tall-skinny, non-multiples of 4 / 32 / any tile, and one aligned shape.
+# 1x1x1, primes, K = 1, tall-skinny, non-multiples of 4 / 32 / any tile, one aligned shape, long K.
 SHAPES = [(1, 1, 1), (7, 13, 5), (1, 97, 1), (33, 65, 1), (127, 131, 257), (2048, 3, 100),
-          (3, 1000, 515), (1023, 1025, 999), (256, 256, 256)]
+          (3, 1000, 515), (1023, 1025, 999), (256, 256, 256),
+          (67, 61, 8191)]  # long K: accumulation error that grows with K shows here
 CONFIGS_PER_FAMILY = 6
 
 

@@ -1,0 +1,50 @@
+"""Rung 9: 3xTF32 — FP32-accurate GEMM on TF32 tensor cores (mma.sync m16n8k8), with split-K."""
+from kernels.families.blocktile2d import RASTER
+from kernels.space import Config, Constraint, Family, Param
+
+A_PAD, B_PAD = 4, 8  # shared-memory row pads of tf32x3.cu (bank-conflict-free fragment reads)
+
+
+def warps(c: Config) -> int:
+    return (c["BM"] // c["WM"]) * (c["BN"] // c["WN"])
+
+
+class Tf32x3(Family):
+    name = "tf32x3"
+    rung = 9
+    description = ("Tensor cores at FP32 accuracy: each operand split into a TF32 part and its "
+                   "remainder, three mma.sync per product; cp.async ring; optional split-K.")
+    source_file = "tf32x3.cu"
+    params = (
+        Param("BM", (16, 32, 64, 128, 256), "block tile rows"),
+        Param("BN", (32, 64, 128, 256), "block tile columns"),
+        Param("BK", (8, 16, 32), "depth of a shared-memory slice"),
+        Param("WM", (16, 32, 64, 128), "warp tile rows (16-row mma tiles)"),
+        Param("WN", (16, 32, 64, 128), "warp tile columns (8-column mma tiles)"),
+        Param("KGROUP", (1, 2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
+        Param("STAGES", (2, 3, 4), "shared-memory slices in flight (cp.async ring depth)"),
+        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
+        RASTER,
+    )
+    constraints = (
+        Constraint("BM must be a multiple of WM", lambda c: c["BM"] % c["WM"] == 0),
+        Constraint("BN must be a multiple of WN", lambda c: c["BN"] % c["WN"] == 0),
+        Constraint("a group of KGROUP k-steps (8*KGROUP) must divide BK",
+                   lambda c: c["BK"] % (8 * c["KGROUP"]) == 0),
+        Constraint("warps per block ((BM/WM)*(BN/WN)) must be 1 to 16",
+                   lambda c: 1 <= warps(c) <= 16),
+        Constraint("accumulators per thread (WM*WN/32) must be at most 128",
+                   lambda c: c["WM"] * c["WN"] // 32 <= 128),
+    )
+
+    def threads(self, c: Config) -> int:
+        return 32 * warps(c)
+
+    def shared_bytes(self, c: Config) -> int:
+        return 4 * c["STAGES"] * (c["BM"] * (c["BK"] + A_PAD) + c["BK"] * (c["BN"] + B_PAD))
+
+    def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
+        return c["BM"], c["BN"]
+
+    def splits(self, c: Config) -> int:
+        return c["SPLITK"]
