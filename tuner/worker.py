@@ -113,14 +113,14 @@ class Worker:
     stop: Any  # tuner.interrupt.StopRequest
     resolve_families: Callable[[list[str]], list[Any]]  # job's family names → family objects
     check_problem: Callable[[Any], str | None]  # a reason this evaluator cannot tune it, or None
-    out: TextIO = sys.stdout
+    out: TextIO | None = None  # None: sys.stdout at the time of printing
     gpu_id: int = dataclasses.field(init=False, default=0)
     gpu_name: str = dataclasses.field(init=False, default="")
     name: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}/pid{os.getpid()}/{uuid.uuid4().hex[:8]}")
 
     def say(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] worker: {text}", file=self.out, flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] worker: {text}", file=self.out or sys.stdout, flush=True)
 
     def run(self) -> int:
         import db
@@ -196,7 +196,7 @@ class Worker:
         if self.stop.requested:
             self._release(job, f"its worker was stopped after runs {run_ids}; the studies resume")
             return False
-        print(summary.table(), file=self.out, flush=True)
+        print(summary.table(), file=self.out or sys.stdout, flush=True)
         self._end(job, "done", _verdict(summary, problem, time.monotonic() - started), run_ids)
         return True
 
@@ -307,7 +307,7 @@ def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str
         return EXIT_USAGE
     storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
     try:
-        storage = optuna.storages.RDBStorage(storage_url)
+        storage = _optuna_storage(storage_url)
     except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
         print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
               file=sys.stderr)
@@ -317,6 +317,25 @@ def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str
         worker = Worker(args=args, evaluator=evaluator, database=database, storage=storage,
                         stop=stop, resolve_families=resolve, check_problem=check)
         return worker.run()
+
+
+def _optuna_storage(url: str, tries: int = 5) -> Any:
+    """Optuna's storage. Workers often start together on a fresh database, where Optuna's own
+    table creation races ("table ... already exists"); a second try finds the tables made."""
+    import optuna
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(tries):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except (IntegrityError, OperationalError, ProgrammingError) as error:
+            # PostgreSQL reports the race as a duplicate key in its catalog (pg_type)
+            raced = isinstance(error, IntegrityError) or "already exists" in str(error)
+            if attempt == tries - 1 or not raced:
+                raise
+            log.info("Optuna storage: a concurrent process is creating its tables; trying again")
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _live_rules(args: argparse.Namespace) -> tuple[Callable, Callable]:

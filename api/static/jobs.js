@@ -17,8 +17,10 @@ function gemmtuneJobs(openJobs) {
           const fresh = doc.getElementById(el.id);
           if (fresh) el.replaceWith(fresh);
         });
-        const queued = Number(doc.getElementById("jobs-queued")?.textContent || 0);
-        const running = Number(doc.getElementById("jobs-running")?.textContent || 0);
+        // read from this page: replaceWith moved the fresh sections out of `doc`
+        const count = (state) => Number(document.getElementById(`jobs-${state}`)?.textContent || 0);
+        const queued = count("queued");
+        const running = count("running");
         if (!queued && !running) { setLive(false); return; }
       }
     } catch (err) {
