@@ -114,6 +114,7 @@ class Worker:
     resolve_families: Callable[[list[str]], list[Any]]  # job's family names → family objects
     check_problem: Callable[[Any], str | None]  # a reason this evaluator cannot tune it, or None
     out: TextIO | None = None  # None: sys.stdout at the time of printing
+    claim_trials: bool = False  # several workers on one study (tuner.search.Session)
     gpu_id: int = dataclasses.field(init=False, default=0)
     gpu_name: str = dataclasses.field(init=False, default="")
     name: str = dataclasses.field(
@@ -219,7 +220,8 @@ class Worker:
             progress=getattr(args, "progress", True), host=socket.gethostname(),
             command=f"{shlex.join(['python', '-m', 'tuner', *(args.argv or sys.argv[1:])])} "
                     f"# job {job.id}",
-            stop=job_stop,
+            stop=job_stop, claim_trials=self.claim_trials, heartbeat_s=args.heartbeat,
+            stale_after_s=args.stale_after,
         )
         return tune_all(session, families, [problem], budget, total_seconds=total)
 
@@ -295,10 +297,10 @@ def worker_main(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str]], list[Any]],
            check: Callable[[Any], str | None]) -> int:
     import db
-    import optuna
 
     from tuner.cli import EXIT_USAGE
     from tuner.interrupt import StopRequest
+    from tuner.storage import is_server, open_storage
 
     try:
         database = db.open_database(args.db)
@@ -307,35 +309,19 @@ def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str
         return EXIT_USAGE
     storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
     try:
-        storage = _optuna_storage(storage_url)
+        # safe when several workers open a fresh database together (tuner/storage.py)
+        storage = open_storage(storage_url, heartbeat_s=args.heartbeat, stale_after_s=args.stale_after)
     except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
         print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
               file=sys.stderr)
         database.close()
         return EXIT_USAGE
     with database, StopRequest() as stop:
+        claims = getattr(args, "claim_trials", None)
         worker = Worker(args=args, evaluator=evaluator, database=database, storage=storage,
-                        stop=stop, resolve_families=resolve, check_problem=check)
+                        stop=stop, resolve_families=resolve, check_problem=check,
+                        claim_trials=is_server(storage_url) if claims is None else claims)
         return worker.run()
-
-
-def _optuna_storage(url: str, tries: int = 5) -> Any:
-    """Optuna's storage. Workers often start together on a fresh database, where Optuna's own
-    table creation races ("table ... already exists"); a second try finds the tables made."""
-    import optuna
-    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
-
-    for attempt in range(tries):
-        try:
-            return optuna.storages.RDBStorage(url)
-        except (IntegrityError, OperationalError, ProgrammingError) as error:
-            # PostgreSQL reports the race as a duplicate key in its catalog (pg_type)
-            raced = isinstance(error, IntegrityError) or "already exists" in str(error)
-            if attempt == tries - 1 or not raced:
-                raise
-            log.info("Optuna storage: a concurrent process is creating its tables; trying again")
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
 
 
 def _live_rules(args: argparse.Namespace) -> tuple[Callable, Callable]:
