@@ -196,3 +196,28 @@ def test_workers_racing_for_the_queue_run_each_job_once(any_url):
     for job in ended:  # each job was announced by exactly one of the workers
         announced = [out for out in outputs if f"job {job.id}: done" in out]
         assert len(announced) == 1 and job.worker in announced[0]
+
+
+def test_a_worker_whose_job_was_taken_over_stops_it_and_goes_on(tmp_path):
+    """A worker that was merely slow (its heartbeat late past someone's --stale-after) learns from
+    its next heartbeat that the job is another's, stops its studies and leaves the job alone."""
+    url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    proc = start_worker(url, "--heartbeat", "0.5", "--max-jobs", "1")
+    try:
+        with db.open_database(url) as database:
+            wait_for(lambda: database.list_gpus(), "the worker registered its GPU", proc)
+            job = queue(url, m=2048, n=2048, k=2048, families=["warptile"], budget=LONG_BUDGET)
+            wait_for(lambda: database.get_job(job["id"]).state == "running", "the job was claimed", proc)
+            # a thief with a tiny grace period takes it between two heartbeats
+            stolen = wait_for(lambda: database.claim_job(H100, "thief", stale_after_s=0.05), "a takeover", proc)
+            assert stolen.id == job["id"] and stolen.attempts == 2
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == EXIT_OK, out  # --max-jobs 1: the lost job counts
+            assert f"job {job['id']}: taken over by another worker" in out
+            after = database.get_job(job["id"])
+            assert (after.state, after.worker) == ("running", "thief")  # left to its new holder
+            [run] = database.list_runs()
+            assert run.state == "interrupted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
