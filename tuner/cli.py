@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "and its GPU process replaced (default: %(default)s)")
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                         help="compile processes (default: CPU cores - 1, at most 8)")
+    parser.add_argument("--claim-trials", action=argparse.BooleanOptionalAction, default=None,
+                        help="several workers on one study: store each candidate as a running "
+                             "trial before measuring it, with a heartbeat (--heartbeat), so the "
+                             "others skip it and a dead worker's candidate is retried after "
+                             "--stale-after (default: on for a PostgreSQL/MySQL --storage, off "
+                             "for SQLite, where it costs a few commits per trial)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log a line per trial; twice for debug output")
     from tuner.worker import add_worker_arguments
@@ -171,6 +177,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.arch not in kernels.ARCH_LIMITS:
         parser.error(f"argument --arch: unknown architecture {args.arch!r}; "
                      f"allowed: {', '.join(kernels.ARCH_LIMITS)}")
+    if not args.heartbeat < args.stale_after:
+        parser.error(f"argument --stale-after: {args.stale_after:g} s is not longer than "
+                     f"--heartbeat {args.heartbeat:g} s; a live worker would be taken for dead")
     missing = missing_packages(args.sampler)
     if missing and not args.dry_run:
         parser.error(f"argument --sampler: {args.sampler!r} needs the Python package(s) "
@@ -247,6 +256,7 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
     from tuner.interrupt import StopRequest
     from tuner.search import Budget, Session
     from tuner.session import tune_all
+    from tuner.storage import is_server, open_storage
 
     try:
         database = db.open_database(args.db)
@@ -255,12 +265,14 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
         return EXIT_USAGE
     storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
     try:
-        storage = optuna.storages.RDBStorage(storage_url)
+        storage = open_storage(storage_url, heartbeat_s=args.heartbeat,
+                               stale_after_s=args.stale_after)
     except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
         print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
               file=sys.stderr)
         database.close()
         return EXIT_USAGE
+    claims = is_server(storage_url) if args.claim_trials is None else args.claim_trials
 
     with database, StopRequest() as stop, logging_redirect_tqdm():
         known = {f.name for f in dataclasses.fields(db.GpuInfo)}
@@ -271,7 +283,8 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
             sampler=args.sampler, seed=args.seed, batch=getattr(evaluator, "batch", 1),
             progress=progress, host=socket.gethostname(),
             command=shlex.join(["python", "-m", "tuner", *(args.argv or sys.argv[1:])]),
-            stop=stop,
+            stop=stop, claim_trials=claims, heartbeat_s=args.heartbeat,
+            stale_after_s=args.stale_after,
         )
         budget = Budget(trials=args.trials, timeout_s=args.timeout,
                         patience=args.patience or None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import random
 import socket
 import time
@@ -15,14 +16,15 @@ from typing import Any
 
 import db
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
 from tuner import space
 from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
+from tuner.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.interrupt import StopRequest
 from tuner.problem import Problem
-from tuner.samplers import CONSTRAINT, make_sampler
+from tuner.samplers import CONSTRAINT, SearchSpace, make_sampler
 from tuner.warmstart import warm_start_configs
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,12 @@ MAX_FRUITLESS_ASKS = 200
 # config has been measured, and when the sampler circles it is handed an unmeasured config.
 ENUMERABLE_SPACE = 20_000
 NUDGE_AFTER_FRUITLESS_ASKS = 20
+# With nothing left to ask while other workers still measure (or a dead one's candidate waits
+# to go stale), look at the storage again this often.
+WAIT_FOR_OTHERS_S = 0.5
+# Without claims (one worker, or a few on one SQLite file) others' results are pulled at most
+# this often: each pull also reads back this worker's own recent trials.
+UNCLAIMED_PULL_EVERY_S = 2.0
 ERROR_ATTR_LIMIT = 1000
 
 
@@ -67,6 +75,11 @@ class Session:
     host: str = field(default_factory=socket.gethostname)
     command: str = "python -m tuner"
     stop: StopRequest = field(default_factory=StopRequest)
+    # Several workers on one study (README, "Several workers"): register each candidate in the
+    # storage before measuring it. Needs a storage made by tuner.storage.open_storage.
+    claim_trials: bool = False
+    heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
+    stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
 
 
 @dataclass
@@ -96,6 +109,8 @@ class _Pending:
     config: dict[str, int]
     key: tuple[tuple[str, int], ...]
     alias: bool = False  # same config as an earlier pending candidate: answered from it
+    claim: int | None = None  # its RUNNING trial id in the storage (claims on)
+    retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
 
 
 def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
@@ -106,13 +121,15 @@ def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
     )
 
 
-def _known_from_trials(trials: list[FrozenTrial]) -> dict[tuple[tuple[str, int], ...], _Known]:
+def _known_from_trials(family: Any, trials: list[FrozenTrial]
+                       ) -> dict[tuple[tuple[str, int], ...], _Known]:
     known: dict[tuple[tuple[str, int], ...], _Known] = {}
     for trial in trials:
         state = trial.user_attrs.get("state")
         if state is None or "duplicate_of" in trial.user_attrs:
             continue
-        key = space.config_key(space.config_from_params(trial.params))
+        key = space.config_key(space.config_from_params(family, trial.params,
+                                                        trial.distributions))
         known.setdefault(
             key,
             _Known(trial.number, state, float(trial.value or 0.0),
@@ -121,17 +138,12 @@ def _known_from_trials(trials: list[FrozenTrial]) -> dict[tuple[tuple[str, int],
     return known
 
 
-def _fail_stale_trials(study: optuna.Study) -> None:
-    """Trials left RUNNING by a process that died; left alone, constant liar would treat them
-    as in flight forever."""
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        log.info("marking stale running trial %d of %s as failed", trial.number, study.study_name)
-        study.tell(trial.number, state=TrialState.FAIL)
-
-
-def _seed_for(seed: int | None, n_trials: int) -> int | None:
-    # A resumed study must not replay the first run's random proposals.
-    return None if seed is None else seed + n_trials
+def _seed_for(seed: int | None, n_trials: int, shared: bool = False) -> int | None:
+    # A resumed study must not replay the first run's random proposals, nor may workers that
+    # share a study all propose the same configs.
+    if seed is None:
+        return None
+    return seed + n_trials + (os.getpid() if shared else 0)
 
 
 def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
@@ -171,34 +183,39 @@ class _StudyRun:
     """One run of one study. The study lives in the Optuna storage; the search runs on an
     in-memory copy and writes each finished trial back in one transaction. (Asking and telling
     through an RDB storage costs a commit per parameter and attribute, a quarter second per
-    trial on a slow disk, and trials in flight when the process dies never reach the storage.)"""
+    trial on a slow disk, and trials in flight when the process dies never reach the storage.)
+    Before each ask it pulls what other workers stored since (tuner.fleet); with claims on, a
+    candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
                  baseline_gflops: float | None) -> None:
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
         self.baseline_gflops = baseline_gflops
         self.name = study_name(session.gpu_name, family, problem)
-        self.distributions = space.distributions(family)
+        self.distributions = space.distributions(family)  # positions: see tuner.space
         self.arch = session.evaluator.arch()
+        search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch))
 
-        stored = optuna.create_study(storage=session.storage, study_name=self.name,
-                                     direction="maximize", load_if_exists=True)
-        _fail_stale_trials(stored)
-        self.stored_id = session.storage.get_study_id_from_name(self.name)
-        history = stored.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
+                                  claims=session.claim_trials,
+                                  stale_check_every_s=session.heartbeat_s)
+        changes = self.shared.pull()
+        history = changes.completed
         self.study = optuna.create_study(
             direction="maximize",
-            sampler=make_sampler(session.sampler, _seed_for(session.seed, len(history))),
+            sampler=make_sampler(session.sampler,
+                                 _seed_for(session.seed, len(history), self.shared.claims),
+                                 search_space),
         )
-        self.study.add_trials(history)
-        self.known = _known_from_trials(history)  # numbered as stored
+        self.known: dict[tuple[tuple[str, int], ...], _Known] = {}  # numbered as stored
         self.tally = _Tally()
-        for key, entry in sorted(self.known.items(), key=lambda item: item[1].number):
-            self.tally.add(entry, dict(key))
+        self.mirrors: dict[int, int] = {}  # others' RUNNING claim id → in-memory trial number
+        self._learn(changes)
         if session.warm_start and not history:
             for config in warm_start_configs(session.database, session.gpu_name, family, problem):
                 log.info("%s: warm start with %s", self.name, _config_text(config))
-                self.study.enqueue_trial(config, user_attrs={"warm_start": True},
+                self.study.enqueue_trial(space.params_from_config(family, config),
+                                         user_attrs={"warm_start": True},
                                          skip_if_exists=True)
 
         self.accepted_all = _accepted_configs(family, self.arch)
@@ -207,30 +224,72 @@ class _StudyRun:
         self.measured_now = 0
         self.fruitless = 0
         self.run_id = 0
+        self.next_pull = 0.0
+
+    # ---------------------------------------------------------------- other workers
+
+    def _key_of(self, trial: FrozenTrial) -> tuple[tuple[str, int], ...]:
+        return space.config_key(space.config_from_params(self.family, trial.params,
+                                                         trial.distributions))
+
+    def _learn(self, changes: Changes) -> None:
+        """Bring what other workers stored into the in-memory study: their finished trials
+        (as history), and their claims in flight as RUNNING trials, which a constant-liar
+        sampler steers away from, until they finish."""
+        for trial in changes.completed + changes.failed:
+            mirror = self.mirrors.pop(trial._trial_id, None)
+            if mirror is not None:
+                self.study.tell(mirror, state=TrialState.FAIL)
+        completed = sorted(changes.completed, key=lambda t: t.number)
+        self.study.add_trials(space.reencode_trials(self.family, completed))
+        for key, entry in _known_from_trials(self.family, completed).items():
+            if key not in self.known:
+                self.known[key] = entry
+                self.tally.add(entry, dict(key))
+        for trial in changes.started:
+            key = self._key_of(trial)
+            self.mirrors[trial._trial_id] = len(self.study.get_trials(deepcopy=False))
+            self.study.add_trial(create_trial(
+                state=TrialState.RUNNING, params=space.params_from_config(self.family, dict(key)),
+                distributions=self.distributions))
+
+    def _pull(self) -> None:
+        self._learn(self.shared.pull())
+
+    def _others_holding(self) -> list[FrozenTrial]:
+        """Other workers' claims in flight, and queued retries of dead workers' candidates
+        where this worker takes them too (claims on): what will still be measured."""
+        return [t for t in self.shared.others_open.values()
+                if t.state == TrialState.RUNNING or self.shared.claims]
+
+    def _others_busy(self) -> set[tuple[tuple[str, int], ...]]:
+        return {self._key_of(t) for t in self._others_holding()}
 
     # ---------------------------------------------------------------- recording
 
     def _tell(self, trial: Trial, state: str, value: float, violation: float,
-              **attrs: Any) -> int:
-        """Tell the in-memory study and write the finished trial to the storage; returns its
-        number there (the number the results database uses too)."""
+              claim: int | None = None, **attrs: Any) -> int:
+        """Tell the in-memory study and write the finished trial to the storage (completing
+        its claim, if it has one); returns its number there (the number the results database
+        uses too)."""
         trial.set_user_attr("state", state)
         trial.set_constraint(CONSTRAINT, violation)
         for attr, attr_value in attrs.items():
             trial.set_user_attr(attr, attr_value)
         finished = self.study.tell(trial, value)
-        storage = self.session.storage
-        return storage.get_trial_number_from_id(
-            storage.create_new_trial(self.stored_id, template_trial=finished))
+        if claim is not None:
+            return self.shared.finish(claim, finished)
+        return self.shared.add_finished(finished)
 
     def _record(self, trial: Trial, config: dict[str, int], measurement: Measurement,
-                started_at: datetime, violation: float = 1.0) -> _Known:
+                started_at: datetime, violation: float = 1.0,
+                claim: int | None = None) -> _Known:
         fields = _record_fields(measurement)
         usable = measurement.usable
         value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
         violation = 0.0 if usable else violation
         attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
-        number = self._tell(trial, fields["state"], value, violation, **attrs)
+        number = self._tell(trial, fields["state"], value, violation, claim, **attrs)
         self.session.database.add_trial(
             self.run_id,
             db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
@@ -246,13 +305,46 @@ class _StudyRun:
     def _in_flight(self) -> int:
         return sum(not item.alias for item in self.pending)
 
+    def _room(self) -> bool:
+        """Whether one more candidate fits the window and the budget (counting what other
+        workers of the study hold, so that together they measure exactly the budget)."""
+        return (self._in_flight() < self.session.batch
+                and self.tally.measured + self._in_flight() + len(self._others_holding())
+                < self.budget.trials)
+
+    def _take_retries(self) -> None:
+        """Take dead workers' candidates, queued as WAITING trials, before asking anew."""
+        for waiting in self.shared.waiting():
+            if not self._room() or self.study.get_trials(deepcopy=False,
+                                                         states=(TrialState.WAITING,)):
+                return  # our own queue (warm start, nudges) first: asks pop it in order
+            if not self.shared.take_waiting(waiting):
+                continue
+            key = self._key_of(waiting)
+            if key in self.known or any(item.key == key for item in self.pending):
+                self.shared.release(waiting._trial_id, requeue=False)  # answered meanwhile
+                continue
+            self.study.enqueue_trial(space.params_from_config(self.family, dict(key)),
+                                     user_attrs={"retry_of": waiting.number})
+            trial = self.study.ask(self.distributions)
+            config = space.config_from_params(self.family, trial.params)
+            assert space.config_key(config) == key, "the enqueued retry was not asked first"
+            log.info("%s: retrying trial %d of a worker that stopped: %s", self.name,
+                     waiting.number, _config_text(config))
+            self.session.evaluator.prepare(self.family, config)
+            self.pending.append(_Pending(trial, config, key, claim=waiting._trial_id,
+                                         retry=True))
+
     def _ask(self) -> bool:
         """Ask for one candidate; returns whether it needs measuring (it joined the window)."""
         trial = self.study.ask(self.distributions)
-        config = space.config_from_params(trial.params)
+        config = space.config_from_params(self.family, trial.params)
         key = space.config_key(config)
         if key in self.known:
             self._tell_duplicate(trial, self.known[key])
+            return False
+        if key in self._others_busy():  # another worker measures it: its result will come
+            self.study.tell(trial, state=TrialState.FAIL)
             return False
         if any(item.key == key and not item.alias for item in self.pending):
             self.pending.append(_Pending(trial, config, key, alias=True))
@@ -268,15 +360,27 @@ class _StudyRun:
             log.debug("trial %d rejected: %s (%s)", self.known[key].number,
                       _config_text(config), rejected.error)
             return False
+        claim = None
+        if self.shared.claims:
+            claim, _ = self.shared.claim(trial.params, self.distributions)
+            self._pull()
+            if key in self.known or self.shared.claimed_before(key, claim):
+                self.shared.release(claim, requeue=False)  # lost a race for it
+                self.study.tell(trial, state=TrialState.FAIL)
+                return False
         self.session.evaluator.prepare(self.family, config)
-        self.pending.append(_Pending(trial, config, key))
+        self.pending.append(_Pending(trial, config, key, claim=claim))
         return True
 
     def _fill_window(self) -> None:
         """Keep up to `batch` candidates in flight, so compiles run ahead of the GPU."""
+        if self.shared.claims or time.monotonic() >= self.next_pull:
+            self._pull()
+            self.next_pull = time.monotonic() + UNCLAIMED_PULL_EVERY_S
+        if self.shared.claims:
+            self._take_retries()
         while (
-            self._in_flight() < self.session.batch
-            and self.tally.measured + self._in_flight() < self.budget.trials
+            self._room()
             and self.fruitless < MAX_FRUITLESS_ASKS
             and not self._covered()
         ):
@@ -284,11 +388,14 @@ class _StudyRun:
             if self.fruitless and self.fruitless % NUDGE_AFTER_FRUITLESS_ASKS == 0:
                 self._nudge()
 
-    def _covered(self) -> bool:
-        """Every accepted config measured or in flight (known only for enumerable spaces)."""
+    def _covered(self, counting_others: bool = True) -> bool:
+        """Every accepted config measured or in flight, here or (counting_others) with other
+        workers (known only for enumerable spaces)."""
         if self.accepted_all is None:
             return False
         in_flight = {item.key for item in self.pending}
+        if counting_others:
+            in_flight |= self._others_busy()
         return all(space.config_key(c) in self.known or space.config_key(c) in in_flight
                    for c in self.accepted_all)
 
@@ -296,11 +403,13 @@ class _StudyRun:
         """Hand a circling sampler an accepted config it has not measured yet."""
         if self.accepted_all is None:
             return
-        in_flight = {item.key for item in self.pending}
+        in_flight = {item.key for item in self.pending} | self._others_busy()
         fresh = [c for c in self.accepted_all
                  if space.config_key(c) not in self.known and space.config_key(c) not in in_flight]
         if fresh:
-            self.study.enqueue_trial(self.nudges.choice(fresh), user_attrs={"nudge": True})
+            self.study.enqueue_trial(space.params_from_config(self.family,
+                                                              self.nudges.choice(fresh)),
+                                     user_attrs={"nudge": True})
 
     # ---------------------------------------------------------------- the loop
 
@@ -315,7 +424,7 @@ class _StudyRun:
         if budget.patience is not None and tally.best is not None \
                 and tally.since_best >= budget.patience:
             return "patience"
-        if not self.pending and self._covered():
+        if not self.pending and self._covered(counting_others=False):
             return "search space exhausted"
         return None
 
@@ -326,7 +435,8 @@ class _StudyRun:
             return None
         started_at = datetime.now(timezone.utc)
         measurement = self.session.evaluator.evaluate(self.family, item.config, self.problem)
-        result = self._record(item.trial, item.config, measurement, started_at)
+        result = self._record(item.trial, item.config, measurement, started_at,
+                              claim=item.claim)
         self.known[item.key] = result
         self.tally.add(result, item.config)
         self.measured_now += 1
@@ -342,6 +452,35 @@ class _StudyRun:
             postfix["cuBLAS"] = f"{best.value / self.baseline_gflops:.2f}"
         bar.set_postfix(postfix, refresh=False)
 
+    def _loop(self, deadline: float | None, bar: tqdm) -> str:
+        """Ask and measure until a stop rule holds; returns the reason."""
+        self.session.evaluator.set_problem(self.problem)
+        while (reason := self._stop_reason(deadline)) is None:
+            self._fill_window()
+            if self.pending:
+                self._measure_next()
+            elif self._others_holding() and heartbeats_on(self.session.storage):
+                # Others hold the rest of the budget (or a dead worker's candidate waits to go
+                # stale and be retried): wait for their results instead of stopping short.
+                time.sleep(WAIT_FOR_OTHERS_S)
+                self.fruitless = 0
+            else:
+                return "search space exhausted"
+            bar.update(min(self.tally.measured, self.budget.trials) - bar.n)
+            self._show_best(bar)
+        return reason
+
+    def _beat_run(self) -> None:
+        if not self.session.database.heartbeat_run(self.run_id):
+            log.warning("run %d was marked ended by another process (a heartbeat was late by "
+                        "more than %g s?)", self.run_id, self.session.stale_after_s)
+
+    def _finish_run(self, state: str) -> None:
+        try:
+            self.session.database.finish_run(self.run_id, state)
+        except db.InvalidInputError as error:  # marked interrupted as stale meanwhile
+            log.warning("%s", error)
+
     def run(self) -> StudyOutcome:
         session, problem, budget = self.session, self.problem, self.budget
         problem_id = session.database.ensure_problem(
@@ -349,6 +488,9 @@ class _StudyRun:
             general_alpha_beta=problem.general_alpha_beta,
         )
         family_id = session.database.ensure_family(self.family.name, self.family.source_hash)
+        for dead in session.database.interrupt_stale_runs(session.stale_after_s):
+            log.warning("run %d had no heartbeat for %g s: marked interrupted (its tuner died)",
+                        dead, session.stale_after_s)
         self.run_id = session.database.start_run(
             gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
             sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
@@ -360,17 +502,10 @@ class _StudyRun:
                    unit="trial", desc=f"{self.family.name} {problem.shape}",
                    disable=not session.progress, leave=True, dynamic_ncols=True)
         self._show_best(bar)
+        heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
         try:
-            session.evaluator.set_problem(problem)
-            while (reason := self._stop_reason(deadline)) is None:
-                self._fill_window()
-                if not self.pending:
-                    reason = "search space exhausted"
-                    break
-                if self._measure_next() is not None:
-                    bar.update(1)
-                    self._show_best(bar)
-            stop_reason = reason
+            with heartbeat:
+                stop_reason = self._loop(deadline, bar)
             run_state = "interrupted" if stop_reason == "interrupted" else "finished"
         except KeyboardInterrupt:
             run_state, stop_reason = "interrupted", "interrupted"
@@ -378,9 +513,11 @@ class _StudyRun:
         finally:
             for item in self.pending:  # asked but never measured: not a result, just let go
                 self.study.tell(item.trial, state=TrialState.FAIL)
+                if item.claim is not None and not item.alias:
+                    self.shared.release(item.claim, requeue=item.retry)
             self.pending.clear()
             bar.close()
-            session.database.finish_run(self.run_id, run_state)
+            self._finish_run(run_state)
             log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
                      self.measured_now, stop_reason)
         best = self.tally.best

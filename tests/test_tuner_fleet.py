@@ -1,0 +1,233 @@
+"""Several tuner workers on one study (README, "Several workers"), on CPU with the replay backend.
+
+The recording is a TEST FIXTURE made with the analytic stand-in evaluator. Workers are real
+``python -m tuner`` processes against a real PostgreSQL server (GEMMTUNE_TEST_PG_URL, started by
+.ci/postgres.sh); the only change to them is that each replayed measurement takes a while and
+is logged to a file first, so that a worker can be killed in the middle of one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import db
+import kernels
+import optuna
+import pytest
+from db.testing import postgres_available, scratch_url
+from optuna.trial import TrialState
+
+from tuner import space
+from tuner.cli import EXIT_OK, EXIT_USAGE, main
+from tuner.problem import Problem
+from tuner.record import record_with_evaluator
+from tuner.replay import ReplayEvaluator
+from tuner.search import study_name
+from tuner.storage import open_storage
+from tuner.testing import StandInEvaluator
+
+REPO = Path(__file__).resolve().parents[1]
+FAMILY = kernels.FAMILIES["naive"]
+P = Problem(384, 256, 512)
+GPU = "Fleet Test GPU"
+MEASURE_SECONDS = 0.3  # long enough to kill a worker while it measures
+HEARTBEAT, STALE_AFTER = 0.5, 3.0
+GRID = {"BX": (8, 16, 32)}  # 30 accepted configs, the stand-in's optimum among them
+
+needs_pg = pytest.mark.skipif(not postgres_available(),
+                              reason="needs GEMMTUNE_TEST_PG_URL (source .ci/postgres.sh)")
+
+# A worker: python -m tuner, with every replayed measurement logged (config as JSON, one line)
+# and slowed down.
+WORKER = textwrap.dedent("""
+    import json, sys, time
+    import tuner.replay as replay
+    log_path, delay = sys.argv[1], float(sys.argv[2])
+    recorded = replay.ReplayEvaluator.evaluate
+
+    def evaluate(self, family, config, problem):
+        with open(log_path, "a") as log:
+            log.write(json.dumps(config) + "\\n")
+        time.sleep(delay)
+        return recorded(self, family, config, problem)
+
+    replay.ReplayEvaluator.evaluate = evaluate
+    from tuner.cli import main
+    sys.exit(main(sys.argv[3:]))
+""")
+
+
+@pytest.fixture(scope="module")
+def recording_path(tmp_path_factory):
+    recording = record_with_evaluator(
+        StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-fixture"), [FAMILY], [P],
+        max_configs=1000, grid={FAMILY.name: GRID}, note="test fixture (stand-in model)")
+    return recording.save(tmp_path_factory.mktemp("rec") / "fleet.json.gz")
+
+
+def _args(recording_path: Path, url: str, trials: int) -> list[str]:
+    return ["--replay", str(recording_path), "--db", url, "--kernel", FAMILY.name,
+            "--shape", P.shape, "--trials", str(trials), "--patience", "0",
+            "--heartbeat", str(HEARTBEAT), "--stale-after", str(STALE_AFTER),
+            "--sampler", "random"]  # cheap asks: the test is about the workers, not TPE
+
+
+def _start_worker(log: Path, args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(log), str(MEASURE_SECONDS), *args], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _accepted(family) -> list[dict[str, int]]:
+    names = [param.name for param in family.params]
+    configs = (dict(zip(names, values))
+               for values in itertools.product(*(param.values for param in family.params)))
+    return [config for config in configs if family.accepts(config)]
+
+
+def _measured(log: Path) -> list[dict[str, int]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _measured_trials(database: db.Database) -> list[db.Trial]:
+    """Every measured (not rejected) trial of every run, all workers together."""
+    return [t for run in database.list_runs() for t in database.run_history(run.id)
+            if t.state != "rejected"]
+
+
+@needs_pg
+def test_three_workers_share_a_study_and_a_killed_workers_trial_is_retried(recording_path,
+                                                                           tmp_path):
+    family = ReplayEvaluator.open(recording_path).family(FAMILY)  # the recorded grid
+    budget = len(_accepted(family))  # the whole space: every worker must agree on the best
+    with scratch_url("postgresql", tmp_path) as url:
+        args = _args(recording_path, url, budget)
+        logs = [tmp_path / f"worker{i}.log" for i in range(3)]
+        # all three at once on a fresh database: schema and Optuna tables created concurrently
+        workers = [_start_worker(log, args) for log in logs]
+        victim, victim_log = workers[1], logs[1]
+        _wait_for(lambda: len(_measured(victim_log)) >= 3 or victim.poll() is not None, 120,
+                  "the victim's third measurement")
+        assert victim.poll() is None, victim.communicate()[0]
+        victim.send_signal(signal.SIGKILL)  # in the middle of its third measurement
+        killed_config = _measured(victim_log)[-1]
+        outputs = [worker.communicate(timeout=180)[0] for worker in workers]
+        assert victim.returncode == -signal.SIGKILL
+        for worker, output in zip(workers, outputs):
+            if worker is not victim:
+                assert worker.returncode == EXIT_OK, output
+
+        measured_by = [_measured(log) for log in logs]
+        survivors = [measured_by[0], measured_by[2]]
+        assert all(survivors), "both survivors measured something: the study was shared"
+        assert killed_config in survivors[0] + survivors[1], "the killed trial was retried"
+
+        # the next tuner on the study: marks the dead worker's run, measures nothing new
+        assert main(args) == EXIT_OK
+        with db.open_database(url) as database:
+            states = sorted(run.state for run in database.list_runs())
+            assert states == ["finished", "finished", "finished", "interrupted"]
+            trials = _measured_trials(database)
+            configs = [json.dumps(t.params, sort_keys=True) for t in trials]
+            assert len(trials) == budget, "trials add up to the budget, over all workers"
+            assert len(set(configs)) == len(configs), "no config measured twice"
+            # what the workers measured is what was stored (the killed trial's first attempt
+            # aside, which died with its worker)
+            assert len(sum(measured_by, [])) == budget + 1
+            fleet_best = database.best(GPU, P.m, P.n, P.k, family=FAMILY.name)
+
+        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        study = optuna.load_study(storage=storage, study_name=study_name(GPU, FAMILY, P))
+        # the killed claim went stale, was failed and queued again; a survivor measured it
+        [retried] = [t for t in study.get_trials(states=(TrialState.COMPLETE,))
+                     if "failed_trial" in t.system_attrs]
+        stale = study.trials[retried.system_attrs["failed_trial"]]
+        assert stale.state == TrialState.FAIL and retried.params == stale.params
+        assert space.config_from_params(family, retried.params) == killed_config
+        assert retried.user_attrs["state"] == "ok"
+        assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+        storage.engine.dispose()
+
+    single = f"sqlite:///{tmp_path / 'single.sqlite'}"
+    assert main(_args(recording_path, single, budget)) == EXIT_OK
+    with db.open_database(single) as database:
+        single_best = database.best(GPU, P.m, P.n, P.k, family=FAMILY.name)
+        assert len(_measured_trials(database)) == budget
+    assert (fleet_best.params, fleet_best.gflops) == (single_best.params, single_best.gflops)
+
+
+@needs_pg
+def test_workers_opening_a_fresh_postgresql_storage_at_once_all_succeed(tmp_path):
+    opener = textwrap.dedent("""
+        import sys
+        from tuner.storage import open_storage
+        open_storage(sys.argv[1], heartbeat_s=1, stale_after_s=4)
+    """)
+    with scratch_url("postgresql", tmp_path) as url:
+        openers = [subprocess.Popen([sys.executable, "-c", opener, url], cwd=REPO, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                   for _ in range(4)]
+        for process in openers:
+            output = process.communicate(timeout=120)[0]
+            assert process.returncode == 0, output
+
+
+def test_a_single_sqlite_worker_claims_nothing_and_keeps_its_run_alive(recording_path, tmp_path):
+    url = f"sqlite:///{tmp_path / 'one.sqlite'}"
+    assert main(_args(recording_path, url, 10)) == EXIT_OK
+    storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+    study = optuna.load_study(storage=storage, study_name=study_name(GPU, FAMILY, P))
+    # claims are off for SQLite by default: finished trials only, one write each
+    assert {t.state for t in study.get_trials()} == {TrialState.COMPLETE}
+    storage.engine.dispose()
+    with db.open_database(url) as database:
+        [run] = database.list_runs()
+        assert run.state == "finished"
+        assert database.interrupt_stale_runs(0.001) == []  # ended runs are never touched
+
+
+def test_runs_without_a_recent_heartbeat_are_marked_interrupted(tmp_path):
+    with db.open_database(f"sqlite:///{tmp_path / 'runs.sqlite'}") as database:
+        gpu = database.ensure_gpu(db.GpuInfo(GPU, "GPU-runs", "9.0", 132, 80 << 30, None, None,
+                                             None, None))
+        ids = dict(gpu_id=gpu, problem_id=database.ensure_problem(64, 64, 64),
+                   family_id=database.ensure_family("naive", FAMILY.source_hash))
+        run = dict(sampler="default", seed=0, budget={}, host="h", command="c", study_name=None)
+        alive, dead = (database.start_run(**ids, **run) for _ in range(2))
+        time.sleep(0.3)
+        assert database.heartbeat_run(alive)
+        before = datetime.now(timezone.utc)
+        assert database.interrupt_stale_runs(0.2) == [dead]
+        marked = database.get_run(dead)
+        assert marked.state == "interrupted"
+        assert marked.ended_at < before - timedelta(seconds=0.2)  # its last sign of life
+        assert database.get_run(alive).state == "running"
+        assert not database.heartbeat_run(dead)  # a dead run stays dead
+        with pytest.raises(db.InvalidInputError, match="positive number of seconds"):
+            database.interrupt_stale_runs(0)
+
+
+def test_a_stale_after_not_above_the_heartbeat_is_refused(recording_path, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'refused.sqlite'}"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--replay", str(recording_path), "--db", url, "--heartbeat", "5",
+              "--stale-after", "5"])
+    assert exit_.value.code == EXIT_USAGE
+    assert "--stale-after: 5 s is not longer than --heartbeat 5 s" in capsys.readouterr().err
+    assert not (tmp_path / "refused.sqlite").exists()
