@@ -142,7 +142,7 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
                 seen: set[tuple[tuple[str, int], ...]]) -> dict[str, Any]:
         """A uniform draw from the accepted, unseen configs (by rejection; {} when none found:
         Optuna then falls back to ``sample_independent``)."""
-        for _ in range(MAX_DRAWS * 1000):
+        for _ in range(MAX_DRAWS * 100):
             params = {name: self.rng.randint(d.low, d.high)  # type: ignore[attr-defined]
                       for name, d in search_space.items()}
             if self._usable(params, seen):
