@@ -16,11 +16,13 @@ class Tf32x3(Family):
                    "remainder, three mma.sync per product; cp.async ring; optional split-K.")
     source_file = "tf32x3.cu"
     params = (
-        Param("BM", (16, 32, 64, 128, 256), "block tile rows"),
-        Param("BN", (32, 64, 128, 256), "block tile columns"),
+        # 96 and 192 let a tile grid fit the SM count where powers of two leave a nearly empty
+        # last wave (1023x1025 in 64x64 tiles is 272 blocks for 264 slots).
+        Param("BM", (16, 32, 64, 96, 128, 192, 256), "block tile rows"),
+        Param("BN", (32, 64, 96, 128, 192, 256), "block tile columns"),
         Param("BK", (8, 16, 32), "depth of a shared-memory slice"),
-        Param("WM", (16, 32, 64, 128), "warp tile rows (16-row mma tiles)"),
-        Param("WN", (16, 32, 64, 128), "warp tile columns (8-column mma tiles)"),
+        Param("WM", (16, 32, 48, 64, 128), "warp tile rows (16-row mma tiles)"),
+        Param("WN", (16, 32, 48, 64, 128), "warp tile columns (8-column mma tiles)"),
         Param("KGROUP", (1, 2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
         Param("STAGES", (2, 3, 4), "shared-memory slices in flight (cp.async ring depth)"),
         Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
