@@ -84,6 +84,10 @@ class Family:
     params: tuple[Param, ...]
     constraints: tuple[Constraint, ...] = ()
     kernel_name = "gemm"
+    # Configs measured to be good somewhere (which GPU and shape: beside each family's list).
+    # A tuner with no history for a problem measures these first, as Triton's autotuner starts
+    # from its declared configs; the search then goes on from them.
+    starting_points: tuple[dict[str, int], ...] = ()
 
     # --- geometry, overridden per family ---------------------------------------------------
     def threads(self, c: Config) -> int:

@@ -21,7 +21,8 @@ def warm_start_configs(
 ) -> list[dict[str, int]]:
     """The family's best configs for the nearest tuned problems on this GPU model (closest
     first; the same problem counts too, e.g. tuned with an older source of the family), then
-    for the same problem on other GPU models. Only configs the family still accepts."""
+    for the same problem on other GPU models (at most ``limit`` of those), then the family's
+    declared ``starting_points``. Only configs the family still accepts, each once."""
     shape = {"dtype": problem.dtype, "layout": problem.layout,
              "general_alpha_beta": problem.general_alpha_beta}
     found: list[dict[str, int]] = []
@@ -52,4 +53,14 @@ def warm_start_configs(
     for other in sorted({gpu.name for gpu in database.list_gpus()} - {gpu_name}):
         consider(database.best(other, problem.m, problem.n, problem.k, family=family.name,
                                nearest=False, **shape))
-    return found[:limit]
+    found = found[:limit]
+    for config in family.starting_points:  # the family's own measured-good configs come last
+        consider(_Known(config))
+    return found
+
+
+class _Known:
+    """A declared starting point, shaped like a stored result for ``consider``."""
+
+    def __init__(self, params: dict[str, int]) -> None:
+        self.params = params

@@ -39,6 +39,15 @@ class Tf32x3(Family):
                    lambda c: c["WM"] * c["WN"] // 32 <= 128),
     )
 
+    # Fastest measured on the H100 (bench/NOTES.md, rung 9), one per shape class: large square,
+    # 1024³, odd sizes (one-wave 96x96 grid), 128-row, 16-row and small-MN/long-K problems.
+    starting_points = tuple(
+        dict(zip(("BM", "BN", "BK", "WM", "WN", "KGROUP", "STAGES", "SPLITK", "RASTER"), values))
+        for values in ((128, 64, 32, 64, 32, 4, 2, 1, 1), (64, 64, 32, 32, 32, 4, 3, 1, 8),
+                       (96, 96, 32, 48, 48, 4, 3, 1, 8), (128, 128, 32, 64, 32, 4, 2, 8, 1),
+                       (16, 128, 32, 16, 32, 4, 4, 8, 1), (64, 32, 16, 32, 16, 2, 4, 16, 8))
+    )
+
     def threads(self, c: Config) -> int:
         return 32 * warps(c)
 

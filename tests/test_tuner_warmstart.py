@@ -1,0 +1,67 @@
+"""A family's declared starting points: accepted everywhere, and measured first by a fresh study."""
+from __future__ import annotations
+
+import db
+import kernels
+import optuna
+import pytest
+
+from tuner.problem import Problem
+from tuner.search import Budget, Session, run_study
+from tuner.testing import StandInEvaluator
+from tuner.warmstart import warm_start_configs
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+WITH_POINTS = [f for f in kernels.FAMILIES.values() if f.starting_points]
+
+
+def test_some_family_declares_starting_points():
+    assert WITH_POINTS, "tf32x3 declares its measured-good configs"
+
+
+@pytest.mark.parametrize("family", WITH_POINTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_starting_points_are_distinct_accepted_configs(family, arch):
+    points = [dict(p) for p in family.starting_points]
+    assert all(family.reject_reasons(p, arch) == [] for p in points)
+    assert len({tuple(sorted(p.items())) for p in points}) == len(points)
+
+
+@pytest.fixture
+def database(tmp_path):
+    with db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}") as database:
+        yield database
+
+
+def test_a_fresh_study_measures_the_starting_points_first(database):
+    family = kernels.get_family("tf32x3")
+    problem = Problem(1024, 1024, 1024)
+    assert warm_start_configs(database, "NVIDIA H100 80GB HBM3", family, problem) == \
+        [dict(p) for p in family.starting_points]
+
+    evaluator = StandInEvaluator()
+    info = evaluator.info()
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                      progress=False)
+    count = len(family.starting_points)
+    run_study(session, family, problem, Budget(trials=count + 2, timeout_s=None, patience=None))
+    measured = [config for _, config, _ in evaluator.calls]
+    assert measured[:count] == [dict(p) for p in family.starting_points]
+
+
+def test_stored_results_come_before_the_starting_points(database):
+    family = kernels.get_family("tf32x3")
+    evaluator = StandInEvaluator()
+    info = evaluator.info()
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                      progress=False, warm_start=False)
+    tuned = run_study(session, family, Problem(512, 512, 512),
+                      Budget(trials=10, timeout_s=None, patience=None))
+    configs = warm_start_configs(database, info["name"], family, Problem(1024, 1024, 1024))
+    assert configs[0] == tuned.best_config
+    assert len(configs) == len(family.starting_points) + (tuned.best_config not in
+                                                           [dict(p) for p in family.starting_points])
