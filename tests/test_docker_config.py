@@ -583,3 +583,11 @@ def test_installed_tuner_compiles_a_kernel(installed_like_the_image, tmp_path):
                          ["-m", "tuner", "--dry-run", "--kernel", "naive", "--dry-run-configs", "1"], tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "naive" in done.stdout and "registers" in done.stdout, done.stdout
+
+
+def test_workers_take_queued_jobs_unless_told_to_tune_once():
+    for name, service in tuner_workers(compose()).items():
+        assert shlex.split(service["command"])[:3] == ["--worker", "--gpu", "0"], name
+    one_shot = tuner_workers(compose({"GEMMTUNE_TUNER_MODE": ""}))
+    for name, service in one_shot.items():
+        assert shlex.split(service["command"]) == ["--gpu", "0"], name
