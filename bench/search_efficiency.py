@@ -160,8 +160,7 @@ def _median(values: list[int | None]) -> float:
     return statistics.median(finite) if finite else math.inf
 
 
-def summarize(results: list[dict[str, Any]], max_evals: dict[tuple[str, str, str], int]
-              ) -> list[dict[str, Any]]:
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((r["recording"], r["family"], r["shape"], r["sampler"]), []).append(r)
@@ -211,6 +210,58 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    """Print the table and the target check, and write them with every run as JSON."""
+    rows = summarize(results)
+    checks = target_check(rows)
+    table = [[r["family"], r["shape"], r["sampler"],
+              *(f"{_cell(r[f'{t:.0%}']['median'], r['max_evals'])} / "
+                f"{_cell(r[f'{t:.0%}']['p90'], r['max_evals'])}" for t in THRESHOLDS),
+              f"{r['seconds_per_run']:.1f}"] for r in rows]
+    seeds = sorted({r["runs"] for r in rows})
+    print(f"Measured configs (each one costs GPU time; rejected and repeated proposals cost "
+          f"nothing and are not counted) until within 1/3/5% of the recorded optimum, "
+          f"{'/'.join(map(str, seeds))} seeds per row. '>N': not reached within N measured "
+          f"configs in at least that share of the runs; N is the whole accepted space for "
+          f"default and random, and the --reference-max-evals cap for Optuna's own samplers:")
+    print(format_table(["family", "shape", "sampler",
+                        *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
+    for check in checks:
+        print(f"target (default <= random/3 at 3%): {check['family']} {check['shape']}: "
+              f"{check['default_median']:g} vs {check['random_median']:g} -> "
+              f"{'met' if check['met'] else 'NOT met'}")
+    for name, why in meta.get("skipped_samplers", {}).items():
+        print(f"sampler {name} skipped: {why}")
+    for text in meta.get("skipped_pairs", []):
+        print(f"skipped {text}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_finite({
+        "what": "evaluations (measured candidates; rejected and repeated proposals cost "
+                "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
+                "optimum; cold start, one tuner search loop per run; null: not reached within "
+                "the row's max_evals (the whole space for default and random, the "
+                "--reference-max-evals cap for tpe, gp and cmaes)",
+        **meta, "summary": rows, "target": checks, "runs": results,
+    }), indent=1, allow_nan=False))
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def merge(paths: list[str], out: Path) -> None:
+    """One table from several earlier outputs (e.g. default+random uncapped, then Optuna's
+    own samplers capped, run separately to fit a time budget)."""
+    documents = [json.loads(Path(p).read_text()) for p in paths]
+    results = [run for d in documents for run in d["runs"]]
+    samplers = list(dict.fromkeys(s for d in documents for s in d["samplers"]))
+    meta = {"seeds": max(d["seeds"] for d in documents), "samplers": samplers,
+            "skipped_samplers": {k: v for d in documents
+                                 for k, v in d.get("skipped_samplers", {}).items()
+                                 if k not in samplers},
+            "skipped_pairs": sorted({t for d in documents for t in d.get("skipped_pairs", [])}),
+            "recordings": sorted({r for d in documents for r in d["recordings"]}),
+            "seconds": sum(d["seconds"] for d in documents), "merged_from": paths}
+    report(results, meta, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recording", action="append", default=[], metavar="FILE",
@@ -225,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
                              "uncapped so the target check always has both medians")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="run nothing: one table (printed and written to --out) from the "
+                             "runs of earlier outputs of this script")
     args = parser.parse_args(argv)
+    if args.merge:
+        merge(args.merge, Path(args.out))
+        return 0
 
     paths = args.recording or [str(p) for p in sorted(RECORDINGS.glob("*.json.gz"))]
     if not paths:
@@ -265,37 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             if index % max(1, len(jobs) // 20) == 0:
                 print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
                       file=sys.stderr)
-    rows = summarize(results, caps)
-    checks = target_check(rows)
-
-    table = [[r["family"], r["shape"], r["sampler"],
-              *(f"{_cell(r[f'{t:.0%}']['median'], r['max_evals'])} / "
-                f"{_cell(r[f'{t:.0%}']['p90'], r['max_evals'])}" for t in THRESHOLDS),
-              f"{r['seconds_per_run']:.1f}"] for r in rows]
-    print("Measured configs (each one costs GPU time; rejected and repeated proposals cost "
-          "nothing and are not counted) until within 1/3/5% of the recorded optimum:")
-    print(format_table(["family", "shape", "sampler",
-                        *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
-    for check in checks:
-        print(f"target (default <= random/3 at 3%): {check['family']} {check['shape']}: "
-              f"{check['default_median']:g} vs {check['random_median']:g} -> "
-              f"{'met' if check['met'] else 'NOT met'}")
-    for name, why in skipped.items():
-        print(f"sampler {name} skipped: {why}")
-    for text in unusable:
-        print(f"skipped {text}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_finite({
-        "what": "evaluations (measured candidates; rejected and repeated proposals cost "
-                "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
-                "optimum; cold start, one tuner search loop per run",
-        "seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
-        "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
-        "seconds": time.monotonic() - started, "summary": rows, "target": checks,
-        "runs": results,
-    }), indent=1, allow_nan=False))
-    print(f"wrote {out}", file=sys.stderr)
+    report(results, {"seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
+                      "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
+                      "seconds": time.monotonic() - started}, Path(args.out))
     return 0
 
 

@@ -48,6 +48,19 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "within 3% (median / p90)" in printed and "target (default <= random/3 at 3%)" in printed
 
+    # Optuna's own samplers run separately under a cap, then one table from both outputs
+    capped = tmp_path / "tpe.json"
+    assert bench.main(["--recording", str(path), "--seeds", "2", "--samplers", "tpe",
+                       "--reference-max-evals", "3", "--workers", "1", "--out", str(capped)]) == 0
+    assert {r["max_evals"] for r in json.loads(capped.read_text())["runs"]} == {3}
+    merged = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(out), str(capped), "--out", str(merged)]) == 0
+    combined = json.loads(merged.read_text())
+    assert combined["samplers"] == ["default", "random", "tpe"] and len(combined["runs"]) == 6
+    assert {r["sampler"]: r["max_evals"] for r in combined["summary"]}["tpe"] == 3
+    assert len(combined["target"]) == 1
+    assert "'>N': not reached within N" in capsys.readouterr().out
+
 
 def test_first_reach_and_percentiles():
     bench = _bench_module()
