@@ -165,7 +165,12 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         groups.setdefault((r["recording"], r["family"], r["shape"], r["sampler"]), []).append(r)
     rows = []
-    for (recording, family, shape, sampler), runs in groups.items():
+    # one block per pair (in the order first seen), samplers in the CLI's order within it
+    pairs = list(dict.fromkeys(key[:3] for key in groups))
+    order = sorted(groups, key=lambda k: (pairs.index(k[:3]), SAMPLERS.index(k[3])
+                                          if k[3] in SAMPLERS else len(SAMPLERS)))
+    for recording, family, shape, sampler in order:
+        runs = groups[(recording, family, shape, sampler)]
         row: dict[str, Any] = {"recording": recording, "family": family, "shape": shape,
                                "sampler": sampler, "runs": len(runs),
                                "max_evals": max(r["max_evals"] for r in runs),
