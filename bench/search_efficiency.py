@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recording", action="append", default=[], metavar="FILE",
                         help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument("--family", action="append", default=[], metavar="NAME",
+                        help="only these kernel families of the recordings (default: all)")
     parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
     parser.add_argument("--max-evals", type=int, default=None, metavar="N",
                         help="measured candidates per run at most (default: the whole space)")
@@ -306,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         recording = load(path)
         for family, problem in recording.pairs():
+            if args.family and family not in args.family:
+                continue
             header = recording.families[family]
             if header.selection.mode != "full":
                 unusable.append(f"{Path(path).name} {family} {problem.shape}: "

@@ -61,6 +61,12 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     assert len(combined["target"]) == 1
     assert "'>N': not reached within N" in capsys.readouterr().out
 
+    # --family keeps only the named families' pairs: none of the fixture's here
+    other = tmp_path / "none.json"
+    assert bench.main(["--recording", str(path), "--family", "vectorized", "--samplers",
+                       "random", "--workers", "1", "--out", str(other)]) == 0
+    assert json.loads(other.read_text())["runs"] == []
+
 
 def test_first_reach_and_percentiles():
     bench = _bench_module()
