@@ -1,7 +1,12 @@
 """Search efficiency: how many measurements each sampler needs to come near the true optimum.
 
     python bench/search_efficiency.py                       # every recording, 20 seeds
-    python bench/search_efficiency.py --seeds 2 --samplers default random --quick
+    python bench/search_efficiency.py --seeds 2 --samplers default random
+    # in parts (Optuna's own samplers capped, GP on the less constrained family only), then one table:
+    python bench/search_efficiency.py --samplers default random --out dr.json
+    python bench/search_efficiency.py --samplers tpe cmaes --reference-max-evals 40 --out tc.json
+    python bench/search_efficiency.py --samplers gp --family vectorized --reference-max-evals 40 --out gp.json
+    python bench/search_efficiency.py --merge dr.json tc.json gp.json
 
 For every (family, shape) of every recording in tests/data/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
@@ -263,7 +268,8 @@ def merge(paths: list[str], out: Path) -> None:
                                  if k not in samplers},
             "skipped_pairs": sorted({t for d in documents for t in d.get("skipped_pairs", [])}),
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
-            "seconds": sum(d["seconds"] for d in documents), "merged_from": paths}
+            "seconds": sum(d["seconds"] for d in documents),
+            "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out)
 
 
