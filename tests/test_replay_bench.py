@@ -74,3 +74,32 @@ def test_first_reach_and_percentiles():
     assert bench._first_reach([0.5, 0.96, 0.99, 1.0], 0.01) == 3
     assert bench._first_reach([0.5, 0.9], 0.01) is None
     assert bench._median([1, 3, None]) == 3 and bench._percentile([1, 2, None], 0.9) == float("inf")
+
+
+def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
+    import db
+
+    naive = kernels.FAMILIES["naive"]
+    problems = [Problem(512, 512, 512), Problem(256, 256, 1024)]
+    recording = record_with_evaluator(StandInEvaluator(), [naive], problems, max_configs=1000)
+    path = str(recording.save(tmp_path / "fixture.json.gz"))
+    bench = _bench_module()
+
+    # leave-one-out: the database of a warm run holds the other problem's optimum, not its own
+    bench._worker_state(path)
+    job = bench.Job(path, "naive", problems[0], bench.WARM, 0, 10, (path,))
+    with db.open_database(f"sqlite:///{tmp_path / 'warm.sqlite'}") as database:
+        info = StandInEvaluator().info()
+        bench._seed_other_optima(database, job, info)
+        stored = {(p.m, p.n, p.k) for p in database.list_problems()}
+        assert stored == {(256, 256, 1024)}
+        best = database.best(info["name"], 256, 256, 1024, family="naive", nearest=False)
+        assert best.params == recording.optimum("naive", problems[1])[0]
+
+    out = tmp_path / "warm.json"
+    assert bench.main(["--recording", path, "--seeds", "2", "--samplers", "default", "random",
+                       "--warm-start", "--workers", "1", "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert {r["sampler"] for r in document["summary"]} == {"default", "random", bench.WARM}
+    assert {c["sampler"] for c in document["target"]} == {"default", bench.WARM}
+    assert "target (default+warm <= random/3 at 3%)" in capsys.readouterr().out
