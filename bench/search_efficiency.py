@@ -380,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                          cap if s in UNCAPPED else min(cap, args.reference_max_evals or cap),
                          tuple(paths))
                      for s in runs for seed in range(args.seeds)]
-    print(f"{len(jobs)} runs ({len(caps)} family/shape pairs x {len(samplers) + args.warm_start} samplers x "
+    rows_per_pair = len(samplers) + args.warm_start
+    print(f"{len(jobs)} runs ({len(caps)} family/shape pairs x {rows_per_pair} samplers x "
           f"{args.seeds} seeds) on {args.workers} processes", file=sys.stderr)
     started = time.monotonic()
     results: list[dict[str, Any]] = []

@@ -63,5 +63,5 @@ def test_stored_results_come_before_the_starting_points(database):
                       Budget(trials=10, timeout_s=None, patience=None))
     configs = warm_start_configs(database, info["name"], family, Problem(1024, 1024, 1024))
     assert configs[0] == tuned.best_config
-    assert len(configs) == len(family.starting_points) + (tuned.best_config not in
-                                                           [dict(p) for p in family.starting_points])
+    points = [dict(p) for p in family.starting_points]
+    assert len(configs) == len(points) + (tuned.best_config not in points)
