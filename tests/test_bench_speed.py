@@ -85,6 +85,11 @@ def test_an_empty_database_is_tuned_first_then_read_and_remeasured(tuned):
             assert sorted((c["stored_gflops"] for c in row["candidates"]), reverse=True) == fastest
             assert {c["family"] for c in row["candidates"]} == {"naive", "smem"}
             assert all(c["state"] == "ok" for c in row["candidates"])
+            # the same method for both sides: two interleaved passes, the faster one counting
+            assert len(row["cublas_runs"]) == 2
+            for c in row["candidates"]:
+                assert len(c["passes"]) == 2
+                assert c["gflops"] == max(p["gflops"] for p in c["passes"])
             # the stand-in's figures depend only on the CUBIN: re-measuring the same config,
             # compiled again here, must give the stored figure back
             for c in row["candidates"]:
