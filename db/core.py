@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
@@ -68,12 +68,19 @@ class DatabaseCore:
         return ids
 
     @staticmethod
-    def _run_row(session: Session, run_id: int) -> RunRow:
+    def _row_by_id(session: Session, model: Any, row_id: int, what: str,
+                   error: type[Exception]) -> Any:
+        """The row of ``model`` with this id, else ``error`` naming the newest id there is."""
         row = None
-        if isinstance(run_id, int) and not isinstance(run_id, bool):
-            row = session.get(RunRow, run_id)
+        if isinstance(row_id, int) and not isinstance(row_id, bool):
+            row = session.get(model, row_id)
         if row is None:
-            last = session.scalar(select(func.max(RunRow.id)))
-            allowed = f"an existing run id (the newest is {last})" if last else "an existing run id (none yet)"
-            raise UnknownRunError(f"unknown run id {run_id!r}; allowed: {allowed}")
+            last = session.scalar(select(func.max(model.id)))
+            allowed = (f"an existing {what} id (the newest is {last})" if last
+                       else f"an existing {what} id (none yet)")
+            raise error(f"unknown {what} id {row_id!r}; allowed: {allowed}")
         return row
+
+    @staticmethod
+    def _run_row(session: Session, run_id: int) -> RunRow:
+        return DatabaseCore._row_by_id(session, RunRow, run_id, "run", UnknownRunError)

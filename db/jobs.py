@@ -284,14 +284,7 @@ class Jobs(DatabaseCore):
 
     @staticmethod
     def _job_row(session: Session, job_id: int) -> JobRow:
-        row = None
-        if isinstance(job_id, int) and not isinstance(job_id, bool):
-            row = session.get(JobRow, job_id)
-        if row is None:
-            last = session.scalar(select(func.max(JobRow.id)))
-            allowed = f"an existing job id (the newest is {last})" if last else "an existing job id (none yet)"
-            raise UnknownJobError(f"unknown job id {job_id!r}; allowed: {allowed}")
-        return row
+        return DatabaseCore._row_by_id(session, JobRow, job_id, "job", UnknownJobError)
 
     def _gpu_model(self, session: Session, gpu: str) -> str:
         """The stored name of the GPU model `gpu` (a name or UUID) names."""
