@@ -3,10 +3,11 @@ from kernels.families.blocktile1d import BlockTile1D
 from kernels.families.blocktile2d import BlockTile2D
 from kernels.families.naive import Naive
 from kernels.families.pipelined import Pipelined, SplitK
+from kernels.families.skinny import Skinny
 from kernels.families.smem import SharedMemory
 from kernels.families.tf32x3 import Tf32x3
 from kernels.families.vectorized import Vectorized
 from kernels.families.warptile import WarpTile
 
 LADDER = (Naive(), SharedMemory(), BlockTile1D(), BlockTile2D(), Vectorized(), WarpTile(), Pipelined(), SplitK(),
-          Tf32x3())
+          Tf32x3(), Skinny())
