@@ -10,8 +10,10 @@ bench/NOTES.md, "Search set-up"):
   dominate TPE's split into good and bad trials (its "good" tenth of all trials is then simply
   the feasible ones) and the model learns feasibility instead of speed. Drawing proposals until
   one is accepted costs microseconds of CPU and keeps the model about GFLOP/s.
-* a short random start-up drawn from the accepted configs, then multivariate TPE (tile sizes
-  only make sense together) with constant liar (a batch of asks in flight spreads out).
+* a short start-up from the accepted configs — ranked by the static prior (``tuner.prior``,
+  passed in as ``SearchSpace.startup``), uniform where there is none — then multivariate TPE
+  (tile sizes only make sense together) with constant liar (a batch of asks in flight spreads
+  out).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {"gp": ("torch", "scipy"), "cmaes": ("cmaes
 # support constraints (TPE, GP) model it, the others see the penalty value 0 GFLOP/s.
 CONSTRAINT = "invalid"
 
-# Default set-up: measured configs drawn at random (from the accepted ones) before TPE starts.
+# Default set-up: measured configs before TPE starts (the prior's picks, else random accepted).
 STARTUP_TRIALS = 6
 # Proposals drawn from the model (or at random) per ask until one is accepted and new.
 MAX_DRAWS = 30
@@ -53,6 +55,9 @@ class SearchSpace:
 
     distributions: Mapping[str, BaseDistribution]
     feasible: Callable[[Mapping[str, Any]], bool]  # params → the family's constraints accept
+    # params (positions) the default measures first, in order, instead of uniform draws
+    # (tuner.prior: a static estimate from geometry and compile-time resources)
+    startup: Sequence[Mapping[str, Any]] = ()
 
 
 def missing_packages(name: str) -> list[str]:
@@ -90,7 +95,7 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
 
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
-    ``startup_trials`` uniformly from the accepted ones, then the model's proposals, drawn
+    ``startup_trials`` from ``space.startup`` in order, then uniformly from the accepted ones, then the model's proposals, drawn
     again while they are rejected or repeats (after ``MAX_DRAWS`` a random accepted one).
 
     The model samples the whole space jointly (``sample_relative``); constants (single-valued
@@ -126,6 +131,11 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
             for _ in range(MAX_DRAWS):
                 params = self.model.sample_relative(study, trial, search_space)
                 if params and self._usable(params, seen):
+                    return params
+        else:
+            for startup in self.space.startup:
+                params = {name: int(startup[name]) for name in search_space}
+                if self._usable(params, seen):
                     return params
         return self._random(search_space, seen)
 

@@ -24,7 +24,8 @@ from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
 from tuner.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.interrupt import StopRequest
 from tuner.problem import Problem
-from tuner.samplers import CONSTRAINT, SearchSpace, make_sampler
+from tuner import prior
+from tuner.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.warmstart import warm_start_configs
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,10 @@ class Session:
     # Several workers on one study (README, "Several workers"): register each candidate in the
     # storage before measuring it. Needs a storage made by tuner.storage.open_storage.
     claim_trials: bool = False
+    # The default sampler's start-up (tuner.prior) may compile this many configs to read their
+    # registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers only.
+    prior_compiles: int = prior.MAX_COMPILES
+    compile_cache: str | None = None  # CUBIN cache folder (None: kernels' default)
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
 
@@ -194,7 +199,9 @@ class _StudyRun:
         self.name = study_name(session.gpu_name, family, problem)
         self.distributions = space.distributions(family)  # positions: see tuner.space
         self.arch = session.evaluator.arch()
-        search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch))
+        self.accepted_all = _accepted_configs(family, self.arch)
+        search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
+                                   self._prior_startup() if session.sampler == "default" else ())
 
         self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
                                   claims=session.claim_trials,
@@ -218,13 +225,30 @@ class _StudyRun:
                                          user_attrs={"warm_start": True},
                                          skip_if_exists=True)
 
-        self.accepted_all = _accepted_configs(family, self.arch)
         self.nudges = random.Random(session.seed)
         self.pending: deque[_Pending] = deque()
         self.measured_now = 0
         self.fruitless = 0
         self.run_id = 0
         self.next_pull = 0.0
+
+    def _prior_startup(self) -> list[dict[str, int]]:
+        """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
+        space is not enumerated or the GPU's SM count is unknown (uniform start-up then)."""
+        sm_count = int(self.session.evaluator.info().get("sm_count") or 0)
+        if self.accepted_all is None or sm_count < 1:
+            return []
+        resources = (prior.compiled_usage(self.family, self.arch, self.session.compile_cache)
+                     if self.session.prior_compiles else None)
+        ranking = prior.Ranking()
+        configs = prior.startup_configs(
+            self.family, self.accepted_all, self.problem.m, self.problem.n, self.problem.k,
+            prior.Target(sm_count, self.arch), STARTUP_TRIALS,
+            _seed_for(self.session.seed, 0), resources, self.session.prior_compiles, ranking)
+        log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
+                 "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
+                 ranking.compile_seconds, "; ".join(_config_text(c) for c in configs))
+        return [space.params_from_config(self.family, c) for c in configs]
 
     # ---------------------------------------------------------------- other workers
 

@@ -1,0 +1,117 @@
+"""The static prior for the default sampler's start-up (tuner/prior.py): its mechanisms on
+hand-made geometries, its start-up picks on a real H100 recording, and that the sampler
+measures them first."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import kernels
+import optuna
+import pytest
+
+from tuner import prior, space
+from tuner.problem import Problem
+from tuner.replay import ReplayEvaluator
+from tuner.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search import _accepted_configs
+
+H100 = prior.Target(sm_count=132, arch="sm_90")
+RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
+
+
+def _geom(blocks: int, threads: int = 128, tile: tuple[int, int] = (64, 64)) -> prior.Geometry:
+    return prior.Geometry(blocks=blocks, threads=threads, tile=tile, splits=1, shared_bytes=8192)
+
+
+def test_wave_quantization_one_block_too_many_costs_a_round():
+    usage = prior.Usage(registers=128)  # 4 blocks of 128 threads per SM
+    full = prior.rate(_geom(132 * 4), usage, H100, k=1024)
+    one_more = prior.rate(_geom(132 * 4 + 1), usage, H100, k=1024)
+    assert one_more < 0.6 * full  # 529 blocks: a second round for one block
+
+
+def test_spills_and_unlaunchable_configs_rank_low():
+    geom = _geom(1024)
+    clean = prior.rate(geom, prior.Usage(registers=128), H100, k=1024)
+    assert prior.rate(geom, prior.Usage(registers=128, spill_bytes=512), H100, k=1024) < clean / 10
+    # 255 registers x 512 threads exceed the register file: not even one block fits an SM
+    assert prior.rate(_geom(64, threads=512), prior.Usage(registers=255), H100, k=1024) == 0.0
+
+
+def test_more_outputs_per_thread_rank_higher_when_the_gpu_stays_full():
+    usage = prior.Usage(registers=96)
+    small = prior.rate(_geom(4096, tile=(32, 32), threads=64), usage, H100, k=1024)
+    large = prior.rate(_geom(1024, tile=(64, 64), threads=64), usage, H100, k=1024)
+    assert large > small  # same warps, 4x the reuse per value loaded
+
+
+def _recorded(problem: Problem):
+    replay = ReplayEvaluator.open(RECORDING)
+    family = replay.family(kernels.get_family("warptile"))
+    return replay.recording, family, _accepted_configs(family, "sm_90")
+
+
+@pytest.mark.parametrize("shape,compiles", [((2048, 2048, 2048), 10), ((1024, 1024, 1024), 0)])
+def test_startup_on_the_h100_recording_beats_uniform_picks(shape, compiles, tmp_path):
+    """At 2048³ registers decide how many blocks fit an SM (128 vs 129 per thread: 4 or 3), so
+    the prior needs NVRTC's report there (a few compiles, CPU); at 1024³ filling the 132 SMs
+    dominates and estimated registers suffice."""
+    problem = Problem(*shape)
+    recording, family, accepted = _recorded(problem)
+    _, optimum = recording.optimum("warptile", problem)
+    fraction = {space.config_key(c): recording.result("warptile", problem, c).gflops / optimum
+                for c in accepted}
+    resources = prior.compiled_usage(family, "sm_90", tmp_path) if compiles else None
+    picked = []
+    for seed in range(2 if compiles else 5):
+        configs = prior.startup_configs(family, accepted, *shape, H100, STARTUP_TRIALS, seed,
+                                        resources, max_compiles=compiles)
+        assert len(configs) == STARTUP_TRIALS
+        keys = {prior.geometry(family, c, *shape).key() for c in configs}
+        assert len(keys) == STARTUP_TRIALS  # one config per geometry group: diverse
+        assert all(family.accepts(c) for c in configs)
+        picked += [fraction[space.config_key(c)] for c in configs]
+    assert statistics.mean(picked) > statistics.mean(fraction.values()) + 0.08
+
+
+def test_startup_is_seeded_and_compiles_at_most_the_bound():
+    problem = Problem(2048, 2048, 2048)
+    _, family, accepted = _recorded(problem)
+    asked: list[dict[str, int]] = []
+
+    def usage(config):
+        asked.append(dict(config))
+        return prior.Usage(registers=128)
+
+    ranking = prior.Ranking()
+    first = prior.startup_configs(family, accepted, 2048, 2048, 2048, H100, 6, seed=3,
+                                  resources=usage, max_compiles=5, ranking=ranking)
+    assert len(asked) == ranking.compiled == 5 and ranking.groups > 5
+    assert first == prior.startup_configs(family, accepted, 2048, 2048, 2048, H100, 6, seed=3,
+                                          resources=usage, max_compiles=5)
+    # a config that does not compile is never picked
+    failing = {space.config_key(c) for c in asked}
+    again = prior.startup_configs(
+        family, accepted, 2048, 2048, 2048, H100, 6, seed=3, max_compiles=5,
+        resources=lambda c: None if space.config_key(c) in failing else prior.Usage(128))
+    assert not failing & {space.config_key(c) for c in again}
+
+
+def test_the_default_sampler_measures_the_startup_first_then_its_model():
+    naive = kernels.get_family("naive")
+    accepted = naive.accepted_configs()
+    chosen = accepted[-3:]
+    search_space = SearchSpace(space.distributions(naive), space.feasibility(naive, "sm_90"),
+                               [space.params_from_config(naive, c) for c in chosen])
+    study = optuna.create_study(direction="maximize",
+                                sampler=make_sampler("default", 0, search_space))
+    asked = []
+    for number in range(STARTUP_TRIALS + 2):
+        trial = study.ask(search_space.distributions)
+        asked.append(space.config_from_params(naive, trial.params))
+        trial.set_user_attr("state", "ok")
+        study.tell(trial, float(number))
+    assert asked[:3] == chosen  # the prior's picks, in order, then uniform accepted ones
+    assert len({space.config_key(c) for c in asked}) == len(asked)

@@ -1,0 +1,197 @@
+"""A static prior for a study's first measurements: which accepted configs are likely fast.
+
+Computed without a GPU and without any measurement, from what the tuner knows when it starts:
+the family's launch geometry (``Family.launches``, ``tiles``), the problem's M, N, K, the GPU's
+SM count and architecture limits (``kernels.occupancy``), and what ptxas reports when a config is
+compiled (registers, spills; CPU work, cached, at most ``MAX_COMPILES`` per study).
+
+The model is a rough throughput estimate with three mechanisms, none of them family-specific:
+
+* filling the GPU: a block runs on one SM; the busiest SM runs ``ceil(blocks / SMs)`` blocks,
+  at most ``blocks_per_sm`` (occupancy) at once, so a grid of 133 blocks on 132 SMs takes two
+  rounds, and a grid smaller than the GPU leaves SMs idle (wave quantization);
+* hiding latency: warps resident per SM (``LATENCY_WARPS`` of them give half the issue rate),
+  and blocks resident per SM (one block alone stalls at each barrier; two overlap);
+* reuse: outputs per thread ``q`` (FMAs per value loaded from shared memory, about ``√q`` per
+  operand) and outputs per block tile (FMAs per value loaded from global memory/L2).
+
+Spills (local memory) and configs that cannot be resident at all score near zero. It ranks
+groups of configs the model cannot tell apart (same block tile, threads, split) only; the start-up
+picks one config from each of the best groups, so that the first measurements cover several
+likely-good geometries instead of clones of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import kernels
+
+log = logging.getLogger(__name__)
+
+# Warps per SM at which latency hiding gives half the issue rate (4 schedulers per SM: one
+# warp each leaves every stall exposed).
+LATENCY_WARPS = 4.0
+# Shared-memory loads per FMA: a thread computing q outputs loads about 2·√q operands per k step.
+SMEM_LOADS_PER_OPERAND = 2.0
+# Values per FMA from global memory/L2 at which that traffic halves the rate (bm·bn / (bm+bn)).
+GLOBAL_REUSE_HALF = 8.0
+# Spilled bytes (stores + loads per thread, as ptxas reports) that halve the rate.
+SPILL_HALF_BYTES = 32.0
+# Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
+MAX_COMPILES = 48
+# Start-up groups are drawn from the best ``count * GROUP_SLICE`` groups.
+GROUP_SLICE = 2
+
+
+@dataclass(frozen=True)
+class Target:
+    """The GPU the study runs on, as far as the prior needs it."""
+
+    sm_count: int
+    arch: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Per-thread resources of a config's main kernel (compiled, or estimated)."""
+
+    registers: int
+    shared_static_bytes: int = 0
+    spill_bytes: int = 0
+
+
+Resources = Callable[[Mapping[str, int]], "Usage | None"]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    blocks: int
+    threads: int
+    tile: tuple[int, int]  # output rows x columns of one block
+    splits: int  # slices of K (grid z)
+    shared_bytes: int  # dynamic shared memory per block
+
+    @property
+    def outputs_per_thread(self) -> float:
+        return self.tile[0] * self.tile[1] / self.threads
+
+    def key(self) -> tuple[int, ...]:
+        """What the model reads of a config, apart from resources: configs with equal keys
+        differ only in ways it cannot see (warp layout, padding, rasterization, …)."""
+        return (*self.tile, self.threads, self.splits)
+
+
+def geometry(family: Any, config: Mapping[str, int], m: int, n: int, k: int) -> Geometry:
+    main = family.launches(dict(config), m, n, k)[0]
+    blocks = main.grid[0] * main.grid[1] * main.grid[2]
+    threads = main.block[0] * main.block[1] * main.block[2]
+    tiles = getattr(family, "tiles", None)
+    if tiles is not None:
+        tile = tuple(int(x) for x in tiles(dict(config), m, n))
+    else:  # a family without a block tile: the average output area of a block
+        side = max(1, round(math.sqrt(m * n * main.grid[2] / blocks)))
+        tile = (side, side)
+    return Geometry(blocks, threads, (tile[0], tile[1]), main.grid[2], main.shared_bytes)
+
+
+def estimated_usage(geom: Geometry) -> Usage:
+    """Registers without compiling: accumulators plus operands and addressing, about
+    max(q + 64, 1.8·q) for q outputs per thread (ptxas' median on the tile families), capped
+    at what ptxas may use."""
+    q = geom.outputs_per_thread
+    return Usage(registers=min(255, int(max(q + 64, 1.8 * q))))
+
+
+def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
+    """Relative throughput (higher is faster; 0: cannot be resident on an SM). Only its order
+    among configs of one problem means anything."""
+    try:
+        occ = kernels.occupancy(target.arch, geom.threads, usage.registers,
+                                geom.shared_bytes + usage.shared_static_bytes)
+    except ValueError:  # an architecture without limits, or threads out of range
+        return 0.0
+    if occ.blocks_per_sm < 1 or geom.blocks < 1:
+        return 0.0
+    per_sm = math.ceil(geom.blocks / target.sm_count)  # blocks on the busiest SM
+    resident = min(occ.blocks_per_sm, per_sm)
+    rounds = math.ceil(per_sm / resident)
+    warps = resident * geom.threads / 32
+    q = geom.outputs_per_thread
+    bm, bn = geom.tile
+    # a block waiting at a barrier issues nothing; another resident block fills that gap
+    issue = warps / (warps + LATENCY_WARPS) * resident / (resident + 1)
+    smem = q / (q + SMEM_LOADS_PER_OPERAND * math.sqrt(q))
+    reuse = bm * bn / (bm + bn)
+    glob = reuse / (reuse + GLOBAL_REUSE_HALF)
+    spill = 1.0 / (1.0 + usage.spill_bytes / SPILL_HALF_BYTES)
+    # time on the busiest SM: rounds of `resident` blocks, each block's work bm·bn·K/splits
+    work = rounds * resident * bm * bn * (k / geom.splits)
+    return issue * smem * glob * spill / work
+
+
+def compiled_usage(family: Any, arch: str, cache_dir: Any = None) -> Resources:
+    """Usage from NVRTC's ptxas report (through the CUBIN cache); None where it cannot compile."""
+
+    def usage(config: Mapping[str, int]) -> Usage | None:
+        try:
+            compiled = kernels.compile_config(family, dict(config), arch, cache_dir=cache_dir)
+        except (kernels.CompileError, kernels.ConfigError, ImportError, OSError, RuntimeError):
+            return None
+        main = compiled.resources.get(getattr(family, "kernel_name", "gemm"))
+        if main is None:
+            main = next(iter(compiled.resources.values()))
+        return Usage(main.registers, main.shared_static_bytes,
+                     main.spill_store_bytes + main.spill_load_bytes)
+
+    return usage
+
+
+@dataclass
+class Ranking:
+    """What ``startup_configs`` did, for the log."""
+
+    groups: int = 0
+    compiled: int = 0
+    compile_seconds: float = 0.0
+
+
+def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int,
+                    target: Target, count: int, seed: int | None,
+                    resources: Resources | None = None, max_compiles: int = MAX_COMPILES,
+                    ranking: Ranking | None = None) -> list[dict[str, int]]:
+    """``count`` accepted configs to measure first: the configs are grouped by what the model
+    reads (``Geometry.key``); groups are ranked by the estimate (registers estimated), the best
+    ones are compiled (one seeded pick per group, at most ``max_compiles``) and ranked again by
+    their real registers and spills; the start-up is then ``count`` groups drawn from the best
+    ``count * GROUP_SLICE``, best first, weighted by rate, with one config each."""
+    rng = random.Random(seed)
+    ranking = ranking if ranking is not None else Ranking()
+    groups: dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]] = {}
+    for config in accepted:
+        geom = geometry(family, config, m, n, k)
+        groups.setdefault(geom.key(), (geom, []))[1].append(dict(config))
+    ranking.groups = len(groups)
+    picks = {key: rng.choice(members) for key, (_, members) in groups.items()}
+    scored = {key: rate(geom, estimated_usage(geom), target, k)
+              for key, (geom, _) in groups.items()}
+    if resources is not None:
+        started = time.perf_counter()
+        for key in sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]:
+            usage = resources(picks[key])
+            ranking.compiled += 1
+            scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
+        ranking.compile_seconds = time.perf_counter() - started
+    best = sorted((key for key in scored if scored[key] > 0), key=scored.__getitem__,
+                  reverse=True)[:count * GROUP_SLICE]
+    chosen: list[dict[str, int]] = []
+    while best and len(chosen) < count:
+        key = rng.choices(best, weights=[scored[b] for b in best])[0]
+        best.remove(key)
+        chosen.append(picks[key])
+    return chosen
