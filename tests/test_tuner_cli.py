@@ -210,3 +210,18 @@ def test_ctrl_c_on_the_whole_command_stops_between_trials_and_marks_the_run(tmp_
         (run,) = database.list_runs()
         assert run.state == "interrupted" and 1 <= run.n_ok < 40
         assert all(t.state in ("ok", "rejected") for t in database.run_history(run.id))
+
+
+def test_the_start_up_prior_compiles_into_the_cache_folder_given(tmp_path, monkeypatch):
+    # The default sampler's static prior compiles its candidates (tuner.prior); with --cache
+    # they belong in that folder, not in the kernels' default one.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("GEMMTUNE_CACHE", "")
+    cache = tmp_path / "cubins"
+    argv = ["--kernel", "blocktile1d", "--shape", "256x256x256", "--trials", "2",
+            "--db", f"sqlite:///{tmp_path / 'results.sqlite'}", "--cache", str(cache)]
+    evaluator = StandInEvaluator()
+    assert tune(parse_args(argv), evaluator, progress=False) == 0
+    cached = [p for p in cache.rglob("*") if p.is_file()]
+    assert len(cached) > len(evaluator.calls), "the prior's compiles did not reach --cache"
+    assert not [p for p in (tmp_path / "xdg").rglob("*") if p.is_file()]

@@ -284,7 +284,7 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
             progress=progress, host=socket.gethostname(),
             command=shlex.join(["python", "-m", "tuner", *(args.argv or sys.argv[1:])]),
             stop=stop, claim_trials=claims, heartbeat_s=args.heartbeat,
-            stale_after_s=args.stale_after,
+            stale_after_s=args.stale_after, compile_cache=cache_dir(args),
         )
         budget = Budget(trials=args.trials, timeout_s=args.timeout,
                         patience=args.patience or None)

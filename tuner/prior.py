@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -182,8 +184,11 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
               for key, (geom, _) in groups.items()}
     if resources is not None:
         started = time.perf_counter()
-        for key in sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]:
-            usage = resources(picks[key])
+        top = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
+        # NVRTC runs outside the GIL for the most part: threads spread the compiles over the cores.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(top), os.cpu_count() or 1))) as pool:
+            usages = list(pool.map(lambda key: resources(picks[key]), top))
+        for key, usage in zip(top, usages):
             ranking.compiled += 1
             scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
         ranking.compile_seconds = time.perf_counter() - started

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import db
@@ -82,7 +83,7 @@ class Session:
     # The default sampler's start-up (tuner.prior) may compile this many configs to read their
     # registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers only.
     prior_compiles: int = prior.MAX_COMPILES
-    compile_cache: str | None = None  # CUBIN cache folder (None: kernels' default)
+    compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
 

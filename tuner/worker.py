@@ -202,7 +202,7 @@ class Worker:
         return True
 
     def _tune(self, job: Any, problem: Any, families: list[Any], job_stop: _JobStop) -> Any:
-        from tuner.cli import DEFAULT_PATIENCE, DEFAULT_TRIALS
+        from tuner.cli import DEFAULT_PATIENCE, DEFAULT_TRIALS, cache_dir
         from tuner.search import Budget, Session
         from tuner.session import tune_all
 
@@ -221,7 +221,7 @@ class Worker:
             command=f"{shlex.join(['python', '-m', 'tuner', *(args.argv or sys.argv[1:])])} "
                     f"# job {job.id}",
             stop=job_stop, claim_trials=self.claim_trials, heartbeat_s=args.heartbeat,
-            stale_after_s=args.stale_after,
+            stale_after_s=args.stale_after, compile_cache=cache_dir(args),
         )
         return tune_all(session, families, [problem], budget, total_seconds=total)
 
