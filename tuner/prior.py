@@ -93,13 +93,8 @@ def geometry(family: Any, config: Mapping[str, int], m: int, n: int, k: int) -> 
     main = family.launches(dict(config), m, n, k)[0]
     blocks = main.grid[0] * main.grid[1] * main.grid[2]
     threads = main.block[0] * main.block[1] * main.block[2]
-    tiles = getattr(family, "tiles", None)
-    if tiles is not None:
-        tile = tuple(int(x) for x in tiles(dict(config), m, n))
-    else:  # a family without a block tile: the average output area of a block
-        side = max(1, round(math.sqrt(m * n * main.grid[2] / blocks)))
-        tile = (side, side)
-    return Geometry(blocks, threads, (tile[0], tile[1]), main.grid[2], main.shared_bytes)
+    rows, cols = family.tiles(dict(config), m, n)
+    return Geometry(blocks, threads, (int(rows), int(cols)), main.grid[2], main.shared_bytes)
 
 
 def estimated_usage(geom: Geometry) -> Usage:
@@ -145,9 +140,7 @@ def compiled_usage(family: Any, arch: str, cache_dir: Any = None) -> Resources:
             compiled = kernels.compile_config(family, dict(config), arch, cache_dir=cache_dir)
         except (kernels.CompileError, kernels.ConfigError, ImportError, OSError, RuntimeError):
             return None
-        main = compiled.resources.get(getattr(family, "kernel_name", "gemm"))
-        if main is None:
-            main = next(iter(compiled.resources.values()))
+        main = compiled.main
         return Usage(main.registers, main.shared_static_bytes,
                      main.spill_store_bytes + main.spill_load_bytes)
 

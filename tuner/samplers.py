@@ -95,8 +95,9 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
 
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
-    ``startup_trials`` from ``space.startup`` in order, then uniformly from the accepted ones, then the model's proposals, drawn
-    again while they are rejected or repeats (after ``MAX_DRAWS`` a random accepted one).
+    ``startup_trials`` from ``space.startup`` in order, then uniformly from the accepted ones,
+    then the model's proposals, drawn again while they are rejected or repeats (after
+    ``MAX_DRAWS`` a random accepted one).
 
     The model samples the whole space jointly (``sample_relative``); constants (single-valued
     parameters) come from ``sample_independent``."""

@@ -201,14 +201,16 @@ class _StudyRun:
         self.distributions = space.distributions(family)  # positions: see tuner.space
         self.arch = session.evaluator.arch()
         self.accepted_all = _accepted_configs(family, self.arch)
-        search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   self._prior_startup() if session.sampler == "default" else ())
 
         self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
                                   claims=session.claim_trials,
                                   stale_check_every_s=session.heartbeat_s)
         changes = self.shared.pull()
         history = changes.completed
+        # A resumed study past its start-up never asks for it: spare the prior's compiles.
+        wants_startup = session.sampler == "default" and len(history) < STARTUP_TRIALS
+        search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
+                                   self._prior_startup() if wants_startup else ())
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
