@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(>0.5%% better); 0 turns the rule off (default: %(default)s)")
     parser.add_argument("--sampler", choices=SAMPLERS, default="default",
                         help="Optuna sampler; 'default' is the tuner's recommended set-up "
-                             "(multivariate TPE with constant liar); gp needs torch and scipy, "
+                             "(a start-up ranked by a static prior, then multivariate TPE over the "
+                             "accepted configs; tuner/samplers.py); gp needs torch and scipy, "
                              "cmaes needs cmaes (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="sampler seed; a resumed study offsets it by its trial count "

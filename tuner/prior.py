@@ -16,9 +16,10 @@ The model is a rough throughput estimate with three mechanisms, none of them fam
   operand) and outputs per block tile (FMAs per value loaded from global memory/L2).
 
 Spills (local memory) and configs that cannot be resident at all score near zero. It ranks
-groups of configs the model cannot tell apart (same block tile, threads, split) only; the start-up
-picks one config from each of the best groups, so that the first measurements cover several
-likely-good geometries instead of clones of one.
+groups of configs the model cannot tell apart (same block tile, threads, split) only. Within a
+group the warp layout (how a block's tile is split among warps and lanes) can still cost 40%
+(registers past an occupancy step, shared-memory wavefronts), and the model cannot see it: the
+start-up therefore measures a few members of each of the best groups, not one config of many.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ GLOBAL_REUSE_HALF = 8.0
 SPILL_HALF_BYTES = 32.0
 # Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
 MAX_COMPILES = 48
-# Start-up groups are drawn from the best ``count * GROUP_SLICE`` groups.
-GROUP_SLICE = 2
+# Members of each of the best groups the start-up measures (a group's first measurement alone
+# says little about its warp layouts: bench/NOTES.md, "top groups, three members each").
+PER_GROUP = 3
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,9 @@ class Geometry:
 
     def key(self) -> tuple[int, ...]:
         """What the model reads of a config, apart from resources: configs with equal keys
-        differ only in ways it cannot see (warp layout, padding, rasterization, …)."""
-        return (*self.tile, self.threads, self.splits)
+        differ only in ways it cannot see (warp layout, padding, rasterization, …). Shared
+        memory is part of it: a deeper K slice can cost a resident block."""
+        return (*self.tile, self.threads, self.splits, self.shared_bytes)
 
 
 def geometry(family: Any, config: Mapping[str, int], m: int, n: int, k: int) -> Geometry:
@@ -156,21 +159,29 @@ class Ranking:
     compile_seconds: float = 0.0
 
 
-def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int,
-                    target: Target, count: int, seed: int | None,
-                    resources: Resources | None = None, max_compiles: int = MAX_COMPILES,
-                    ranking: Ranking | None = None) -> list[dict[str, int]]:
-    """``count`` accepted configs to measure first: the configs are grouped by what the model
-    reads (``Geometry.key``); groups are ranked by the estimate (registers estimated), the best
-    ones are compiled (one seeded pick per group, at most ``max_compiles``) and ranked again by
-    their real registers and spills; the start-up is then ``count`` groups drawn from the best
-    ``count * GROUP_SLICE``, best first, weighted by rate, with one config each."""
-    rng = random.Random(seed)
-    ranking = ranking if ranking is not None else Ranking()
+def group_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int
+                  ) -> dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]]:
+    """The accepted configs grouped by what the model reads (``Geometry.key``)."""
     groups: dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]] = {}
     for config in accepted:
         geom = geometry(family, config, m, n, k)
         groups.setdefault(geom.key(), (geom, []))[1].append(dict(config))
+    return groups
+
+
+def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int,
+                    target: Target, count: int, seed: int | None,
+                    resources: Resources | None = None, max_compiles: int = MAX_COMPILES,
+                    ranking: Ranking | None = None, per_group: int = PER_GROUP
+                    ) -> list[dict[str, int]]:
+    """``count`` accepted configs to measure first: groups (``group_configs``) are ranked by the
+    estimate (registers estimated), the best ones are compiled (one seeded pick per group, at
+    most ``max_compiles``) and ranked again by their real registers and spills; the start-up is
+    then the best groups in order, ``per_group`` configs of each (the compiled pick first, the
+    others seeded draws from the group)."""
+    rng = random.Random(seed)
+    ranking = ranking if ranking is not None else Ranking()
+    groups = group_configs(family, accepted, m, n, k)
     ranking.groups = len(groups)
     picks = {key: rng.choice(members) for key, (_, members) in groups.items()}
     scored = {key: rate(geom, estimated_usage(geom), target, k)
@@ -186,10 +197,11 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
             scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
         ranking.compile_seconds = time.perf_counter() - started
     best = sorted((key for key in scored if scored[key] > 0), key=scored.__getitem__,
-                  reverse=True)[:count * GROUP_SLICE]
+                  reverse=True)
     chosen: list[dict[str, int]] = []
-    while best and len(chosen) < count:
-        key = rng.choices(best, weights=[scored[b] for b in best])[0]
-        best.remove(key)
-        chosen.append(picks[key])
-    return chosen
+    for key in best:
+        others = [c for c in groups[key][1] if c is not picks[key]]
+        chosen += [picks[key], *rng.sample(others, min(len(others), per_group - 1))]
+        if len(chosen) >= count:
+            break
+    return chosen[:count]

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import kernels
 
+from tuner import prior
 from tuner.evaluator import Baseline, Measurement
 from tuner.problem import Problem
 from tuner.recording import FamilyHeader, Recording, RecordingError, load, missing_measurement
@@ -133,6 +134,23 @@ class ReplayEvaluator:
 
     def close(self) -> None:
         pass
+
+    def compiled_usage(self, family: Any, problem: Problem) -> prior.Resources:
+        """Compile-time resources for the start-up prior as the recording holds them, i.e. from
+        the compiler that built the recorded kernels (a local NVRTC of another version may
+        allocate a few registers more or less, which moves configs across occupancy steps);
+        None for a config that is absent or did not compile."""
+
+        def usage(config: Mapping[str, int]) -> prior.Usage | None:
+            result = self.recording.result(family.name, problem, config)
+            if result is None or result.registers is None:
+                return None
+            main = family.launches(dict(config), problem.m, problem.n, problem.k)[0]
+            return prior.Usage(result.registers,
+                               max(0, (result.shared_bytes or 0) - main.shared_bytes),
+                               result.spill_bytes or 0)
+
+        return usage
 
     def __enter__(self) -> ReplayEvaluator:
         return self

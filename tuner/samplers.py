@@ -10,10 +10,16 @@ bench/NOTES.md, "Search set-up"):
   dominate TPE's split into good and bad trials (its "good" tenth of all trials is then simply
   the feasible ones) and the model learns feasibility instead of speed. Drawing proposals until
   one is accepted costs microseconds of CPU and keeps the model about GFLOP/s.
-* a short start-up from the accepted configs — ranked by the static prior (``tuner.prior``,
-  passed in as ``SearchSpace.startup``), uniform where there is none — then multivariate TPE
-  (tile sizes only make sense together) with constant liar (a batch of asks in flight spreads
-  out).
+* a short start-up from the accepted configs — a few members of each of the best geometry
+  groups of the static prior (``tuner.prior``, passed in as ``SearchSpace.startup``), uniform
+  where there is none — then multivariate TPE (tile sizes only make sense together) with
+  constant liar (a batch of asks in flight spreads out). Warm-start configs (measured first,
+  from the database) do not shorten the start-up.
+* where the accepted configs are enumerated (``SearchSpace.groups``), TPE draws its candidates
+  from them (``EnumeratedTPE``) instead of from the whole box, most of which is rejected; and
+  every second ask after the start-up measures another member of the best config's geometry
+  group, up to ``GROUP_TRIES`` of them: the model sees tile sizes, not which warp layout of a
+  good tile is the fast one.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import optuna
+import numpy as np
 from optuna.distributions import BaseDistribution
+from optuna.samplers._tpe.sampler import _split_trials
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -47,6 +55,10 @@ CONSTRAINT = "invalid"
 STARTUP_TRIALS = 6
 # Proposals drawn from the model (or at random) per ask until one is accepted and new.
 MAX_DRAWS = 30
+# Measured members of the incumbent's geometry group before its exploitation stops.
+GROUP_TRIES = 4
+
+Params = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,9 @@ class SearchSpace:
     feasible: Callable[[Mapping[str, Any]], bool]  # params → the family's constraints accept
     # params (positions) the default measures first, in order, instead of uniform draws
     # (tuner.prior: a static estimate from geometry and compile-time resources)
-    startup: Sequence[Mapping[str, Any]] = ()
+    startup: Sequence[Params] = ()
+    # params (positions) of every accepted config, partitioned by geometry (tuner.prior.group_configs); empty where the space is not enumerated
+    groups: Sequence[Sequence[Params]] = ()
 
 
 def missing_packages(name: str) -> list[str]:
@@ -71,8 +85,9 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
     if name == "default":
         if space is None:
             raise ValueError("the default sampler needs the study's SearchSpace")
-        model = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                           n_startup_trials=0)
+        tpe = dict(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=0)
+        model = (EnumeratedTPE([p for group in space.groups for p in group], **tpe)
+                 if space.groups else optuna.samplers.TPESampler(**tpe))
         return FeasibleSampler(model, space, seed=seed, startup_trials=STARTUP_TRIALS)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
@@ -89,15 +104,63 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
     raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
 
 
-def _key(params: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+def _key(params: Params) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((name, int(value)) for name, value in params.items()))
+
+
+def _seen(trials: Sequence[FrozenTrial], names: Sequence[str]) -> set[tuple[tuple[str, int], ...]]:
+    return {_key({n: t.params[n] for n in names}) for t in trials if set(names) <= t.params.keys()}
+
+
+class EnumeratedTPE(optuna.samplers.TPESampler):
+    """Multivariate TPE over an enumerated set of configs (positions).
+
+    Optuna's TPE draws ``n_ei_candidates`` points from its density of good trials l(x) over the
+    whole box and keeps the one with the best l(x)/g(x). In the tile families 80-97% of that box
+    breaks a constraint, so nearly every draw was rejected and the asks fell back to uniform
+    picks (bench/NOTES.md). Here the candidates are drawn from the accepted configs not yet
+    measured or in flight, weighted by l(x) — TPE's own candidate distribution restricted to
+    what can run — and ranked by TPE's l(x)/g(x). Everything else is TPESampler's: the split
+    into good and bad trials, the Parzen estimators and their bandwidths, constant liar. It
+    overrides TPESampler's private ``_sample`` and uses its helpers (hence ``optuna<6``)."""
+
+    def __init__(self, accepted: Sequence[Params], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.accepted = [dict(p) for p in accepted]
+
+    def _sample(self, study: Study, trial: FrozenTrial,
+                search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        trials = [t for t in study._get_trials(deepcopy=False, states=states, use_cache=False)
+                  if t.number != trial.number]
+        names = list(search_space)
+        seen = _seen(trials, names)
+        candidates = [p for p in self.accepted if _key({n: p[n] for n in names}) not in seen]
+        if not candidates:
+            return {}
+        gamma = self._gamma or optuna.samplers._tpe.sampler.default_gamma
+        below, above = _split_trials(
+            study, trials, gamma(sum(t.state != TrialState.RUNNING for t in trials)))
+        good = self._build_parzen_estimator(study, search_space, below, handle_below=True)
+        bad = self._build_parzen_estimator(study, search_space, above, handle_below=False)
+        points = {n: np.array([float(p[n]) for p in candidates]) for n in names}
+        log_good = good.log_pdf(points)
+        weights = np.exp(log_good - log_good.max())
+        count = min(self._n_ei_candidates, len(candidates))
+        drawn = self._rng.rng.choice(len(candidates), size=count, replace=False,
+                                     p=weights / weights.sum())
+        score = log_good[drawn] - bad.log_pdf({n: v[drawn] for n, v in points.items()})
+        best = candidates[int(drawn[int(np.argmax(score))])]
+        return {n: search_space[n].to_external_repr(best[n]) for n in names}
 
 
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
-    ``startup_trials`` from ``space.startup`` in order, then uniformly from the accepted ones,
-    then the model's proposals, drawn again while they are rejected or repeats (after
-    ``MAX_DRAWS`` a random accepted one).
+    ``startup_trials`` (warm-start trials not counted) from ``space.startup`` in order, then
+    uniformly from the accepted ones; then, every second ask, another member of the best
+    config's geometry group (``space.groups``, up to ``GROUP_TRIES`` measured), and otherwise the
+    model's proposals, drawn again while they are rejected or repeats (after ``MAX_DRAWS`` a
+    random accepted one).
 
     The model samples the whole space jointly (``sample_relative``); constants (single-valued
     parameters) come from ``sample_independent``."""
@@ -108,6 +171,11 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.startup_trials = startup_trials
         self.rng = random.Random(seed)
         self.varying = {name: d for name, d in space.distributions.items() if not d.single()}
+        # the groups over the varying parameters (what the study's trials hold)
+        self.groups = [[{n: int(p[n]) for n in self.varying} for p in group]
+                       for group in space.groups]
+        self.group_of = {_key(p): index for index, group in enumerate(self.groups)
+                         for p in group}
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -122,23 +190,45 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         if not search_space:
             return {}
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        seen = {_key({n: t.params[n] for n in search_space if n in t.params}) for t in trials
-                if search_space.keys() <= t.params.keys()}
-        seen |= {_key(t.params) for t in study.get_trials(
-            deepcopy=False, states=(TrialState.RUNNING,))
-            if t.number != trial.number and search_space.keys() <= t.params.keys()}
-        measured = sum(1 for t in trials if t.user_attrs.get("state") != "rejected")
-        if measured >= self.startup_trials:
-            for _ in range(MAX_DRAWS):
-                params = self.model.sample_relative(study, trial, search_space)
-                if params and self._usable(params, seen):
-                    return params
-        else:
+        names = list(search_space)
+        seen = _seen(trials, names) | _seen(
+            [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+             if t.number != trial.number], names)
+        measured = [t for t in trials if t.user_attrs.get("state") != "rejected"]
+        own = sum(1 for t in measured if not t.user_attrs.get("warm_start"))
+        if own < self.startup_trials:
             for startup in self.space.startup:
                 params = {name: int(startup[name]) for name in search_space}
                 if self._usable(params, seen):
                     return params
+            return self._random(search_space, seen)
+        if (own - self.startup_trials) % 2 == 1:
+            params = self._from_best_group(measured, names, seen)
+            if params:
+                return params
+        for _ in range(MAX_DRAWS):
+            params = self.model.sample_relative(study, trial, search_space)
+            if params and self._usable(params, seen):
+                return params
         return self._random(search_space, seen)
+
+    def _from_best_group(self, measured: Sequence[FrozenTrial], names: Sequence[str],
+                         seen: set[tuple[tuple[str, int], ...]]) -> dict[str, Any]:
+        """An unseen member of the geometry group of the best measured config, while that group
+        has fewer than ``GROUP_TRIES`` measured; {} otherwise."""
+        scored = [t for t in measured if t.value is not None and names and
+                  set(names) <= t.params.keys()]
+        if not scored or not self.group_of:
+            return {}
+        best = max(scored, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+        index = self.group_of.get(_key({n: best.params[n] for n in names}))
+        if index is None:
+            return {}
+        members = self.groups[index]
+        if sum(1 for p in members if _key(p) in seen) >= GROUP_TRIES:
+            return {}
+        left = [p for p in members if _key(p) not in seen]
+        return dict(self.rng.choice(left)) if left else {}
 
     def _usable(self, params: Mapping[str, Any], seen: set[tuple[tuple[str, int], ...]]
                 ) -> bool:

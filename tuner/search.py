@@ -38,8 +38,10 @@ MIN_GAIN = 0.005
 # study is called exhausted: the sampler keeps circling a space it has covered.
 MAX_FRUITLESS_ASKS = 200
 # Spaces up to this size are enumerated once: the study then knows exactly when every accepted
-# config has been measured, and when the sampler circles it is handed an unmeasured config.
-ENUMERABLE_SPACE = 20_000
+# config has been measured, when the sampler circles it is handed an unmeasured config, and the
+# default sampler gets its prior and its geometry groups (warptile's grid of 295k: about 2 s
+# of one CPU core; split-K's 4.4M is not enumerated).
+ENUMERABLE_SPACE = 1_000_000
 NUDGE_AFTER_FRUITLESS_ASKS = 20
 # With nothing left to ask while other workers still measure (or a dead one's candidate waits
 # to go stale), look at the storage again this often.
@@ -210,7 +212,9 @@ class _StudyRun:
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
         wants_startup = session.sampler == "default" and len(history) < STARTUP_TRIALS
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   self._prior_startup() if wants_startup else ())
+                                   self._prior_startup() if wants_startup else (),
+                                   self._geometry_groups() if session.sampler == "default"
+                                   else ())
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
@@ -235,14 +239,27 @@ class _StudyRun:
         self.run_id = 0
         self.next_pull = 0.0
 
+    def _geometry_groups(self) -> list[list[dict[str, int]]]:
+        """Every accepted config (positions), grouped by geometry (tuner.prior); [] where the
+        space is not enumerated."""
+        if self.accepted_all is None:
+            return []
+        groups = prior.group_configs(self.family, self.accepted_all, self.problem.m,
+                                     self.problem.n, self.problem.k)
+        return [[space.params_from_config(self.family, c) for c in members]
+                for _, members in groups.values()]
+
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
         space is not enumerated or the GPU's SM count is unknown (uniform start-up then)."""
         sm_count = int(self.session.evaluator.info().get("sm_count") or 0)
         if self.accepted_all is None or sm_count < 1:
             return []
-        resources = (prior.compiled_usage(self.family, self.arch, self.session.compile_cache)
-                     if self.session.prior_compiles else None)
+        # A replay reads the resources the recording holds (the compiler of its measurements).
+        recorded = getattr(self.session.evaluator, "compiled_usage", None)
+        resources = (None if not self.session.prior_compiles
+                     else recorded(self.family, self.problem) if recorded is not None
+                     else prior.compiled_usage(self.family, self.arch, self.session.compile_cache))
         ranking = prior.Ranking()
         configs = prior.startup_configs(
             self.family, self.accepted_all, self.problem.m, self.problem.n, self.problem.k,
