@@ -47,6 +47,15 @@ def test_more_outputs_per_thread_rank_higher_when_the_gpu_stays_full():
     assert large > small  # same warps, 4x the reuse per value loaded
 
 
+def test_a_deeper_k_slice_per_barrier_ranks_higher():
+    usage = prior.Usage(registers=96)
+    shallow = prior.Geometry(blocks=1024, threads=128, tile=(64, 64), splits=1,
+                             shared_bytes=4 * 8 * 128)  # 8 k-steps between barriers
+    deep = prior.Geometry(blocks=1024, threads=128, tile=(64, 64), splits=1,
+                          shared_bytes=4 * 32 * 128)  # 32: still 4 blocks per SM
+    assert prior.rate(deep, usage, H100, k=1024) > 1.2 * prior.rate(shallow, usage, H100, k=1024)
+
+
 def _recorded(problem: Problem):
     replay = ReplayEvaluator.open(RECORDING)
     family = replay.family(kernels.get_family("warptile"))

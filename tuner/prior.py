@@ -13,7 +13,9 @@ The model is a rough throughput estimate with three mechanisms, none of them fam
 * hiding latency: warps resident per SM (``LATENCY_WARPS`` of them give half the issue rate),
   and blocks resident per SM (one block alone stalls at each barrier; two overlap);
 * reuse: outputs per thread ``q`` (FMAs per value loaded from shared memory, about ``√q`` per
-  operand) and outputs per block tile (FMAs per value loaded from global memory/L2).
+  operand) and outputs per block tile (FMAs per value loaded from global memory/L2);
+* staging: the depth of K a block holds in shared memory (dynamic shared memory over the tile's
+  rows plus columns): every slice ends in barriers and a copy, which deeper slices amortize.
 
 Spills (local memory) and configs that cannot be resident at all score near zero. It ranks
 groups of configs the model cannot tell apart (same block tile, threads, split) only. Within a
@@ -44,6 +46,10 @@ LATENCY_WARPS = 4.0
 SMEM_LOADS_PER_OPERAND = 2.0
 # Values per FMA from global memory/L2 at which that traffic halves the rate (bm·bn / (bm+bn)).
 GLOBAL_REUSE_HALF = 8.0
+# Depth of K staged in shared memory per block at which the per-slice barriers and copy halve
+# the rate (bench/NOTES.md, session 4: without it the prior preferred 8-deep slices, which
+# measure 0.6-0.85 of the best on warptile's full grid at 2048³).
+STAGED_DEPTH_HALF = 4.0
 # Spilled bytes (stores + loads per thread, as ptxas reports) that halve the rate.
 SPILL_HALF_BYTES = 32.0
 # Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
@@ -129,10 +135,12 @@ def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
     smem = q / (q + SMEM_LOADS_PER_OPERAND * math.sqrt(q))
     reuse = bm * bn / (bm + bn)
     glob = reuse / (reuse + GLOBAL_REUSE_HALF)
+    depth = geom.shared_bytes / (4.0 * (bm + bn))  # 0: no dynamic shared memory, no term
+    staging = depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0
     spill = 1.0 / (1.0 + usage.spill_bytes / SPILL_HALF_BYTES)
     # time on the busiest SM: rounds of `resident` blocks, each block's work bm·bn·K/splits
     work = rounds * resident * bm * bn * (k / geom.splits)
-    return issue * smem * glob * spill / work
+    return issue * smem * glob * staging * spill / work
 
 
 def compiled_usage(family: Any, arch: str, cache_dir: Any = None) -> Resources:
