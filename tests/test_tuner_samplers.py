@@ -113,3 +113,16 @@ def test_warm_start_trials_do_not_shorten_the_startup(grouped):
         [space.params_from_config(WARPTILE, c) for c in chosen], positions))
     asked = _run(sampler, 2 + STARTUP_TRIALS, warm=warm)
     assert asked == warm + chosen
+
+
+def test_asks_ahead_of_the_startup_results_continue_down_the_ranked_list(grouped):
+    """A compile window asks several candidates before any result comes back: those take the
+    prior's next picks, in order, not uniform draws."""
+    accepted, _, positions = grouped
+    ranked = accepted[200:200 + STARTUP_TRIALS + 5]
+    sampler = make_sampler("default", 0, SearchSpace(
+        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"),
+        [space.params_from_config(WARPTILE, c) for c in ranked], positions))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    in_flight = [study.ask(space.distributions(WARPTILE)) for _ in range(len(ranked))]
+    assert [space.config_from_params(WARPTILE, t.params) for t in in_flight] == ranked

@@ -252,3 +252,22 @@ def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, samp
     assert len(keys) == len(set(keys)) == 8
     database, _ = store
     assert database.get_run(outcome.run_id).sampler == sampler
+
+
+def test_the_prior_ranks_enough_startup_configs_for_the_window(store, monkeypatch):
+    """With batch candidates in flight, batch - 1 asks come before the start-up's results: the
+    prior ranks that many more configs (not left to uniform draws)."""
+    from tuner import prior
+    from tuner.samplers import STARTUP_TRIALS
+
+    counts = []
+    real = prior.startup_configs
+
+    def spy(*args, **kwargs):
+        counts.append(args[6])  # count
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prior, "startup_configs", spy)
+    run_study(session_for(store, StandInEvaluator(), batch=5, prior_compiles=0), BLOCKTILE1D,
+              P1024, Budget(trials=8, timeout_s=None, patience=None))
+    assert counts == [STARTUP_TRIALS + 4]

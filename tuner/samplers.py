@@ -156,8 +156,9 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
 
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
-    ``startup_trials`` (warm-start trials not counted) from ``space.startup`` in order, then
-    uniformly from the accepted ones; then, every second ask, another member of the best
+    ``startup_trials`` (warm-start trials not counted; asks made while those are still in
+    flight continue down ``space.startup``) from ``space.startup`` in order, then uniformly from
+    the accepted ones; then, every second ask, another member of the best
     config's geometry group (``space.groups``, up to ``GROUP_TRIES`` measured), and otherwise the
     model's proposals, drawn again while they are rejected or repeats (after ``MAX_DRAWS`` a
     random accepted one).

@@ -251,7 +251,9 @@ class _StudyRun:
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
-        space is not enumerated or the GPU's SM count is unknown (uniform start-up then)."""
+        space is not enumerated or the GPU's SM count is unknown (uniform start-up then).
+        With ``batch`` candidates in flight, the asks made before the start-up's results come
+        back take the next picks of the prior's ranking (instead of uniform ones)."""
         sm_count = int(self.session.evaluator.info().get("sm_count") or 0)
         if self.accepted_all is None or sm_count < 1:
             return []
@@ -263,7 +265,7 @@ class _StudyRun:
         ranking = prior.Ranking()
         configs = prior.startup_configs(
             self.family, self.accepted_all, self.problem.m, self.problem.n, self.problem.k,
-            prior.Target(sm_count, self.arch), STARTUP_TRIALS,
+            prior.Target(sm_count, self.arch), STARTUP_TRIALS + max(0, self.session.batch - 1),
             _seed_for(self.session.seed, 0), resources, self.session.prior_compiles, ranking)
         log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
                  "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
