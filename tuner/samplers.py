@@ -30,10 +30,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-import optuna
 import numpy as np
+import optuna
 from optuna.distributions import BaseDistribution
-from optuna.samplers._tpe.sampler import _split_trials
+from optuna.samplers._tpe.sampler import _split_trials, default_gamma
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
@@ -70,7 +70,8 @@ class SearchSpace:
     # params (positions) the default measures first, in order, instead of uniform draws
     # (tuner.prior: a static estimate from geometry and compile-time resources)
     startup: Sequence[Params] = ()
-    # params (positions) of every accepted config, partitioned by geometry (tuner.prior.group_configs); empty where the space is not enumerated
+    # params (positions) of every accepted config, partitioned by geometry
+    # (tuner.prior.group_configs); empty where the space is not enumerated
     groups: Sequence[Sequence[Params]] = ()
 
 
@@ -127,6 +128,13 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     def __init__(self, accepted: Sequence[Params], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.accepted = [dict(p) for p in accepted]
+        self._keys: tuple[tuple[str, ...], list[tuple[tuple[str, int], ...]]] = ((), [])
+
+    def _keys_over(self, names: Sequence[str]) -> list[tuple[tuple[str, int], ...]]:
+        """Each accepted config's key over ``names`` (computed once per search space)."""
+        if self._keys[0] != tuple(names):
+            self._keys = (tuple(names), [_key({n: p[n] for n in names}) for p in self.accepted])
+        return self._keys[1]
 
     def _sample(self, study: Study, trial: FrozenTrial,
                 search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -135,10 +143,11 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
                   if t.number != trial.number]
         names = list(search_space)
         seen = _seen(trials, names)
-        candidates = [p for p in self.accepted if _key({n: p[n] for n in names}) not in seen]
+        candidates = [p for p, key in zip(self.accepted, self._keys_over(names))
+                      if key not in seen]
         if not candidates:
             return {}
-        gamma = self._gamma or optuna.samplers._tpe.sampler.default_gamma
+        gamma = self._gamma or default_gamma
         below, above = _split_trials(
             study, trials, gamma(sum(t.state != TrialState.RUNNING for t in trials)))
         good = self._build_parzen_estimator(study, search_space, below, handle_below=True)
@@ -158,10 +167,10 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
     ``startup_trials`` (warm-start trials not counted; asks made while those are still in
     flight continue down ``space.startup``) from ``space.startup`` in order, then uniformly from
-    the accepted ones; then, every second ask, another member of the best
-    config's geometry group (``space.groups``, up to ``GROUP_TRIES`` measured), and otherwise the
-    model's proposals, drawn again while they are rejected or repeats (after ``MAX_DRAWS`` a
-    random accepted one).
+    the accepted ones; then, every second ask, another member of the best config's geometry
+    group (``space.groups``, up to ``GROUP_TRIES`` measured), and otherwise the model's
+    proposals, drawn again while they are rejected or repeats (after ``MAX_DRAWS`` a random
+    accepted one).
 
     The model samples the whole space jointly (``sample_relative``); constants (single-valued
     parameters) come from ``sample_independent``."""
@@ -217,8 +226,7 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
                          seen: set[tuple[tuple[str, int], ...]]) -> dict[str, Any]:
         """An unseen member of the geometry group of the best measured config, while that group
         has fewer than ``GROUP_TRIES`` measured; {} otherwise."""
-        scored = [t for t in measured if t.value is not None and names and
-                  set(names) <= t.params.keys()]
+        scored = [t for t in measured if t.value is not None and set(names) <= t.params.keys()]
         if not scored or not self.group_of:
             return {}
         best = max(scored, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
