@@ -167,10 +167,13 @@ class Ranking:
     compile_seconds: float = 0.0
 
 
+Groups = dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]]
+
+
 def group_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int
-                  ) -> dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]]:
+                  ) -> Groups:
     """The accepted configs grouped by what the model reads (``Geometry.key``)."""
-    groups: dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]] = {}
+    groups: Groups = {}
     for config in accepted:
         geom = geometry(family, config, m, n, k)
         groups.setdefault(geom.key(), (geom, []))[1].append(dict(config))
@@ -180,16 +183,17 @@ def group_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n:
 def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int,
                     target: Target, count: int, seed: int | None,
                     resources: Resources | None = None, max_compiles: int = MAX_COMPILES,
-                    ranking: Ranking | None = None, per_group: int = PER_GROUP
-                    ) -> list[dict[str, int]]:
+                    ranking: Ranking | None = None, per_group: int = PER_GROUP,
+                    groups: Groups | None = None) -> list[dict[str, int]]:
     """``count`` accepted configs to measure first: groups (``group_configs``) are ranked by the
     estimate (registers estimated), the best ones are compiled (one seeded pick per group, at
     most ``max_compiles``) and ranked again by their real registers and spills; the start-up is
     then the best groups in order, ``per_group`` configs of each (the compiled pick first, the
-    others seeded draws from the group)."""
+    others seeded draws from the group). ``groups``: ``group_configs`` of ``accepted``, where
+    the caller has it already."""
     rng = random.Random(seed)
     ranking = ranking if ranking is not None else Ranking()
-    groups = group_configs(family, accepted, m, n, k)
+    groups = groups if groups is not None else group_configs(family, accepted, m, n, k)
     ranking.groups = len(groups)
     picks = {key: rng.choice(members) for key, (_, members) in groups.items()}
     scored = {key: rate(geom, estimated_usage(geom), target, k)

@@ -20,12 +20,11 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
-from tuner import space
+from tuner import prior, space
 from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
 from tuner.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.interrupt import StopRequest
 from tuner.problem import Problem
-from tuner import prior
 from tuner.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.warmstart import warm_start_configs
 
@@ -203,6 +202,11 @@ class _StudyRun:
         self.distributions = space.distributions(family)  # positions: see tuner.space
         self.arch = session.evaluator.arch()
         self.accepted_all = _accepted_configs(family, self.arch)
+        # the default sampler's geometry groups (tuner.prior), shared by its start-up and model
+        self.groups = (prior.group_configs(family, self.accepted_all, problem.m, problem.n,
+                                           problem.k)
+                       if session.sampler == "default" and self.accepted_all is not None
+                       else None)
 
         self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
                                   claims=session.claim_trials,
@@ -213,8 +217,7 @@ class _StudyRun:
         wants_startup = session.sampler == "default" and len(history) < STARTUP_TRIALS
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
                                    self._prior_startup() if wants_startup else (),
-                                   self._geometry_groups() if session.sampler == "default"
-                                   else ())
+                                   self._geometry_groups())
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
@@ -240,14 +243,10 @@ class _StudyRun:
         self.next_pull = 0.0
 
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
-        """Every accepted config (positions), grouped by geometry (tuner.prior); [] where the
-        space is not enumerated."""
-        if self.accepted_all is None:
-            return []
-        groups = prior.group_configs(self.family, self.accepted_all, self.problem.m,
-                                     self.problem.n, self.problem.k)
+        """Every accepted config (positions), grouped by geometry; [] where there are no groups
+        (another sampler, or a space that is not enumerated)."""
         return [[space.params_from_config(self.family, c) for c in members]
-                for _, members in groups.values()]
+                for _, members in (self.groups or {}).values()]
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
@@ -266,7 +265,8 @@ class _StudyRun:
         configs = prior.startup_configs(
             self.family, self.accepted_all, self.problem.m, self.problem.n, self.problem.k,
             prior.Target(sm_count, self.arch), STARTUP_TRIALS + max(0, self.session.batch - 1),
-            _seed_for(self.session.seed, 0), resources, self.session.prior_compiles, ranking)
+            _seed_for(self.session.seed, 0), resources, self.session.prior_compiles, ranking,
+            groups=self.groups)
         log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
                  "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
                  ranking.compile_seconds, "; ".join(_config_text(c) for c in configs))
