@@ -66,7 +66,7 @@ def main() -> None:
             if isinstance(ck, Exception):
                 row.update(state="compile_error", error=str(ck)[:500])
             else:
-                launch = fam.launches(config, m, n, k)[0]
+                launch = fam.main_launch(config, m, n, k)
                 occ = occupancy(arch, launch.block[0], ck.main.registers, ck.main.shared_static_bytes + launch.shared_bytes)
                 row.update(registers=ck.main.registers, spills=ck.main.spill_store_bytes, occupancy=occ.fraction)
                 row.update(bench.evaluate(ck.cubin, fam.launches(config, m, n, k), fam.workspace_bytes(config, m, n, k),

@@ -134,8 +134,9 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
     if reasons:
         raise ConfigError(f"{family.name} config {dict(config)} rejected: " + "; ".join(reasons))
     program = family.program(config)
+    target = family.target(arch)  # e.g. sm_90a where the family needs wgmma
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = cache_key(program, arch)
+    key = cache_key(program, target)
     cubin_path, meta_path = folder / f"{key}.cubin", folder / f"{key}.json"
     start = time.perf_counter()
     if cubin_path.exists() and meta_path.exists():
@@ -146,13 +147,13 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
                                   time.perf_counter() - start, cached=True)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged entry is rebuilt below
-    cubin, log = compile_program(program, arch, f"{family.name}.cu")
+    cubin, log = compile_program(program, target, f"{family.name}.cu")
     resources = parse_ptxas_report(log)
     if family.kernel_name not in resources:
         raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
     seconds = time.perf_counter() - start
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"family": family.name, "config": dict(config), "arch": arch, "nvrtc": nvrtc_version(),
+    meta = {"family": family.name, "config": dict(config), "arch": target, "nvrtc": nvrtc_version(),
             "log": log, "resources": {k: asdict(v) for k, v in resources.items()}}
     _atomic_write(cubin_path, cubin)
     _atomic_write(meta_path, json.dumps(meta).encode())

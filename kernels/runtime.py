@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Sequence
 
-from kernels.space import Config, Family, Launch
+from kernels.space import Config, Family, Launch, TensorMap
 
 # Errors after which the context is unusable; the process must be replaced.
 STICKY_ERRORS = {
@@ -60,12 +60,45 @@ def device_arch(device: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
+def tma_ready(address: int, row_elements: int) -> bool:
+    """TMA reads FP32 rows only from 16-byte aligned addresses with 16-byte multiple strides."""
+    return address % 16 == 0 and row_elements % 4 == 0
+
+
+def encode_tensor_map(tm: TensorMap, b: int, ldb: int, workspace: int) -> Any:
+    """A CUtensorMap for one call: the view `tm` over the call's B or workspace (see TensorMap)."""
+    from cuda.bindings import driver
+
+    if tm.base == "b":
+        if not tma_ready(b, ldb):
+            if tm.fallback is None:
+                raise ValueError("B must be 16-byte aligned with ldb a multiple of 4 for this kernel")
+            return encode_tensor_map(tm.fallback, b, ldb, workspace)
+        address, strides = b, (4 * ldb,)
+    elif tm.base == "workspace":
+        address, strides = workspace + tm.offset, tm.strides
+    else:
+        raise ValueError(f"unknown tensor map base {tm.base!r}; expected 'b' or 'workspace'")
+    swizzle = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+               64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}[tm.swizzle]
+    return check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(tm.dims), address,
+        [driver.cuuint64_t(d) for d in tm.dims], [driver.cuuint64_t(s) for s in strides],
+        [driver.cuuint32_t(x) for x in tm.box], [driver.cuuint32_t(1)] * len(tm.dims),
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, getattr(driver.CUtensorMapSwizzle, swizzle),
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+
+
 class LoadedKernel:
     """A family's CUBIN loaded into the current context, ready to run its launch sequence."""
+
+    MAP_CACHE = 64  # encoded tensor maps kept per kernel (the tuner rotates up to 16 input sets)
 
     def __init__(self, cubin: bytes, launches: Sequence[Launch]):
         from cuda.bindings import driver
 
+        self._maps: dict[tuple, Any] = {}
         self.launches = list(launches)
         self.module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.functions = {}
@@ -90,9 +123,22 @@ class LoadedKernel:
         types = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
                  ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
         for launch in self.launches:
+            params = (args, types)
+            if launch.tensor_maps:
+                maps = tuple(self._tensor_map(tm, b, ldb, workspace) for tm in launch.tensor_maps)
+                params = (args + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
             check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
-                                        launch.shared_bytes, stream, (args, types), 0),
+                                        launch.shared_bytes, stream, params, 0),
                   f"cuLaunchKernel({launch.kernel})")
+
+    def _tensor_map(self, tm: TensorMap, b: int, ldb: int, workspace: int) -> Any:
+        key = (tm, b, ldb, workspace)
+        found = self._maps.get(key)
+        if found is None:
+            if len(self._maps) >= self.MAP_CACHE:
+                self._maps.clear()
+            found = self._maps[key] = encode_tensor_map(tm, b, ldb, workspace)
+        return found
 
     def unload(self) -> None:
         from cuda.bindings import driver

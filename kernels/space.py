@@ -14,7 +14,8 @@ Config = Mapping[str, int]
 FAMILY_DIR = Path(__file__).parent / "families"
 
 # Every kernel of every family has this signature, so the launcher (and the GPU child process of
-# the tuner) needs nothing family-specific beyond a list of Launch records.
+# the tuner) needs nothing family-specific beyond a list of Launch records. A launch that lists
+# tensor maps passes them, encoded for the call's pointers, as further by-value parameters.
 KERNEL_SIGNATURE = (
     "int M, int N, int K, float alpha, const float* __restrict__ A, int lda, "
     "const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, "
@@ -47,6 +48,26 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A tiled FP32 view for the bulk tensor copy engine (TMA), encoded per call by the launcher
+    (cuTensorMapEncodeTiled) and passed by value after the common kernel arguments.
+
+    base "workspace": the view starts `offset` bytes into the workspace, with `strides` given.
+    base "b": the view is the call's B (row stride ldb); TMA needs a 16-byte aligned address and
+    row stride, so where B or ldb is not, `fallback` (a workspace view of an aligned copy, which
+    the family's own pre-pass makes under the same rule) is used instead.
+    """
+
+    base: str
+    dims: tuple[int, ...]          # extents in elements, innermost first
+    box: tuple[int, ...]           # the tile one copy moves, innermost first
+    strides: tuple[int, ...] = ()  # bytes between consecutive indices of dims[1:] (workspace)
+    offset: int = 0                # bytes from the workspace base
+    swizzle: int = 128             # shared-memory swizzle span in bytes: 0, 32, 64 or 128
+    fallback: "TensorMap | None" = None
+
+
+@dataclass(frozen=True)
 class Launch:
     """One kernel launch: plain data, picklable, shipped to the GPU process."""
 
@@ -54,6 +75,7 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int
+    tensor_maps: tuple[TensorMap, ...] = ()
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
@@ -88,6 +110,14 @@ class Family:
     # A tuner with no history for a problem measures these first, as Triton's autotuner starts
     # from its declared configs; the search then goes on from them.
     starting_points: tuple[dict[str, int], ...] = ()
+    # Architectures the family runs on (None: any that MAX_SHARED_PER_BLOCK knows); a config
+    # asked for on another one is rejected with this family's reason.
+    architectures: tuple[str, ...] | None = None
+    architecture_reason = ""
+
+    def target(self, arch: str) -> str:
+        """The NVRTC target for a device of architecture `arch` (sm_90a for wgmma/setmaxnreg)."""
+        return arch
 
     # --- geometry, overridden per family ---------------------------------------------------
     def threads(self, c: Config) -> int:
@@ -114,6 +144,11 @@ class Family:
             return [main]
         reduce_threads = 256
         return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0)]
+
+    def main_launch(self, c: Config, m: int, n: int, k: int) -> Launch:
+        """The GEMM kernel's own launch (occupancy and resources describe it), wherever it runs
+        in the sequence: a family may launch a pre-pass before it and a reduction after it."""
+        return next(launch for launch in self.launches(c, m, n, k) if launch.kernel == self.kernel_name)
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:
         s = self.splits(c)
@@ -161,6 +196,9 @@ class Family:
     def reject_reasons(self, c: Config, arch: str = "sm_90") -> list[str]:
         """Reasons the constraints reject this config ([] when accepted)."""
         self.validate(c)
+        if self.architectures is not None and arch not in self.architectures:
+            return [f"{self.name} runs only on {', '.join(self.architectures)} ({self.architecture_reason}); "
+                    f"this device is {arch}"]
         reasons = [con.reason for con in self.constraints if not con.holds(c)]
         if not reasons:
             threads = self.threads(c)
@@ -198,6 +236,9 @@ class Family:
         # Depth-first over the parameters, testing each constraint as soon as every parameter it
         # reads is bound (a constraint that reads an unbound one raises KeyError), so large
         # spaces are pruned early instead of filtered one full config at a time.
+        if self.architectures is not None and arch not in self.architectures:
+            return iter(())
+
         def decidable(partial: dict[str, int]) -> tuple[bool, list[Constraint]]:
             pending = []
             for con in self.constraints:

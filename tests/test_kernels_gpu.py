@@ -68,7 +68,7 @@ def test_occupancy_matches_driver(bench, compiled):
     arch = bench.arch()
     for (name, config, _), ck in compiled:
         fam = get_family(name)
-        launch = fam.launches(config, 512, 512, 512)[0]
+        launch = fam.main_launch(config, 512, 512, 512)
         loaded = LoadedKernel(ck.cubin, [launch])
         try:
             ours = occupancy(arch, launch.block[0], ck.main.registers,

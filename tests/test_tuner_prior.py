@@ -137,7 +137,7 @@ def test_a_replay_gives_the_prior_the_recorded_resources():
     family = replay.family(kernels.get_family("warptile"))
     usage = replay.compiled_usage(family, problem)
     for config, result in list(replay.recording.results("warptile", problem))[:20]:
-        dynamic = family.launches(dict(config), 2048, 2048, 2048)[0].shared_bytes
+        dynamic = family.main_launch(dict(config), 2048, 2048, 2048).shared_bytes
         assert usage(config) == prior.Usage(result.registers, result.shared_bytes - dynamic,
                                             result.spill_bytes)
     absent = {**config, "BM": 256, "BN": 256, "WM": 16}  # rejected: never recorded

@@ -99,7 +99,7 @@ class Geometry:
 
 
 def geometry(family: Any, config: Mapping[str, int], m: int, n: int, k: int) -> Geometry:
-    main = family.launches(dict(config), m, n, k)[0]
+    main = family.main_launch(dict(config), m, n, k)
     blocks = main.grid[0] * main.grid[1] * main.grid[2]
     threads = main.block[0] * main.block[1] * main.block[2]
     rows, cols = family.tiles(dict(config), m, n)

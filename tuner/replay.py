@@ -145,7 +145,7 @@ class ReplayEvaluator:
             result = self.recording.result(family.name, problem, config)
             if result is None or result.registers is None:
                 return None
-            main = family.launches(dict(config), problem.m, problem.n, problem.k)[0]
+            main = family.main_launch(dict(config), problem.m, problem.n, problem.k)
             return prior.Usage(result.registers,
                                max(0, (result.shared_bytes or 0) - main.shared_bytes),
                                result.spill_bytes or 0)

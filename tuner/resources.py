@@ -23,7 +23,7 @@ class ResourceSummary:
 
 def summarize(family: Any, config: Mapping[str, int], problem: Problem,
               resources: Mapping[str, Any], arch: str) -> ResourceSummary:
-    main = family.launches(dict(config), problem.m, problem.n, problem.k)[0]
+    main = family.main_launch(dict(config), problem.m, problem.n, problem.k)
     used = resources[main.kernel]
     threads = main.block[0] * main.block[1] * main.block[2]
     shared = int(used.shared_static_bytes) + int(main.shared_bytes)

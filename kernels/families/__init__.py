@@ -8,6 +8,7 @@ from kernels.families.smem import SharedMemory
 from kernels.families.tf32x3 import Tf32x3
 from kernels.families.vectorized import Vectorized
 from kernels.families.warptile import WarpTile
+from kernels.families.wgmma import Wgmma
 
 LADDER = (Naive(), SharedMemory(), BlockTile1D(), BlockTile2D(), Vectorized(), WarpTile(), Pipelined(), SplitK(),
-          Tf32x3(), Skinny())
+          Tf32x3(), Skinny(), Wgmma())

@@ -1,0 +1,284 @@
+#ifndef SPLITK
+#define SPLITK 1
+#endif
+// Rung 11: Hopper's own path to FP32-accurate tensor-core GEMM (sm_90a).
+//
+// 3xTF32 as in tf32x3 (x = big + small, big = x with the low 13 mantissa bits cleared; a*b summed
+// as a_small*b_big + a_big*b_small + a_big*b_big), issued as warpgroup MMAs (wgmma.mma_async)
+// fed by the bulk tensor copy engine (TMA) through an mbarrier ring, with one producer warpgroup
+// and WGS consumer warpgroups (warp specialization, setmaxnreg).
+//
+// TF32 wgmma reads its shared-memory operand only K-major. Row-major A is K-major; row-major B is
+// not. So the kernel computes C^T = B^T A^T: the wgmma "A" operand (64 rows = 64 columns of C)
+// comes from registers, loaded from the B tile and split into big/small there, and the wgmma "B"
+// operand (BM rows of C) is the A tile, read from shared memory through descriptors. A's small
+// part must therefore exist in shared memory: a pre-pass (gemm_pack) writes A's big and small
+// parts to the workspace as [2][M][Kp] (Kp = K rounded up to 4, zero-padded), which also makes
+// them 16-byte aligned for TMA whatever A's pointer and lda. B is read by TMA where it and ldb
+// are 16-byte aligned, else from an aligned copy the pre-pass makes.
+//
+// The tensor core truncates when it accumulates, so each consumer sums one 32-deep slice of K
+// from zero in the tensor core and adds it to FP32 accumulators with a round-to-nearest FADD
+// (the same cure as tf32x3's KGROUP).
+#define BN (64 * MW * WGS)
+#define NT (128 * (WGS + 1))
+#define KATOMS (BK / 32)                       // 32-deep (128-byte) swizzle atoms per stage
+#define A_ATOM_BYTES (BM * 128)                // BM rows x 32 floats, TMA 128-byte swizzle
+#define A_STAGE_BYTES (2 * KATOMS * A_ATOM_BYTES)  // big atoms, then small atoms
+#define B_BOX_BYTES (BK * 128)                 // BK rows x 32 floats of B, 128-byte swizzle
+#define B_STAGE_BYTES ((BN / 32) * B_BOX_BYTES)
+#define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
+#if WGS == 1
+#define CONSUMER_REGS 0                        // 256 threads: the entry cap (255) is already enough
+#elif WGS == 2
+#define CONSUMER_REGS 232                      // 128 x 40 + 256 x 232 <= 64K registers
+#else
+#define CONSUMER_REGS 152                      // 128 x 40 + 384 x 152 <= 64K registers
+#endif
+#include "common.cuh"
+
+#include "cp_async.cuh"
+#include "wgmma_ops.cuh"
+
+// A CUtensorMap, opaque: 128 bytes, 64-byte aligned, passed by value as a __grid_constant__.
+struct __align__(64) TmaDesc {
+    unsigned long long v[16];
+};
+
+// Workspace layout (floats), mirrored by wgmma.py: [SPLITK][M][N] split-K partials (when
+// SPLITK > 1), then A's big and small parts [2][M][Kp], then B's aligned copy [K][Np] (used only
+// when B or ldb is not 16-byte aligned). Offsets are rounded up to 64 floats (256 bytes).
+__device__ __forceinline__ long long round64(long long x) { return (x + 63) / 64 * 64; }
+__device__ __forceinline__ long long ws_a_offset(int M, int N) {
+    return SPLITK > 1 ? round64((long long)SPLITK * M * N) : 0;
+}
+__device__ __forceinline__ long long ws_b_offset(int M, int N, int K) {
+    return ws_a_offset(M, N) + round64(2ll * M * ((K + 3) & ~3));
+}
+__device__ __forceinline__ bool b_tma_ready(const float* B, int ldb) { return aligned16(B) && (ldb & 3) == 0; }
+
+__device__ __forceinline__ unsigned tf32_big(float x) { return __float_as_uint(x) & 0xffffe000u; }
+
+// The pre-pass: A -> [big | small] (zero-padded to Kp), and B -> aligned copy where TMA cannot
+// read B in place. Grid-stride loops; four consecutive k per thread, stored as float4.
+extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
+    const int Kp = (K + 3) & ~3;
+    const long long quads = (long long)M * (Kp / 4);
+    float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N));
+    float4* small = big + quads;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads; q += step) {
+        const int m = (int)(q / (Kp / 4)), k = (int)(q % (Kp / 4)) * 4;
+        const float* a = A + (size_t)m * lda + k;
+        float x[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[j] = k + j < K ? a[j] : 0.0f;
+        float b4[4], s4[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            b4[j] = __uint_as_float(tf32_big(x[j]));
+            s4[j] = x[j] - b4[j];
+        }
+        big[q] = make_float4(b4[0], b4[1], b4[2], b4[3]);
+        small[q] = make_float4(s4[0], s4[1], s4[2], s4[3]);
+    }
+    if (!b_tma_ready(B, ldb)) {
+        const int Np = (N + 3) & ~3;
+        float* wb = workspace + ws_b_offset(M, N, K);
+        const long long total = (long long)K * Np;
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
+            const int k = (int)(i / Np), n = (int)(i % Np);
+            wb[i] = n < N ? B[(size_t)k * ldb + n] : 0.0f;
+        }
+    }
+}
+
+// ---- mbarrier, TMA and wgmma primitives (PTX, sm_90) ---------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long kmajor_sw128_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3ffff) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// Element (row r, column j < 32) of a TMA box whose rows are 128 bytes, 128-byte swizzle: the
+// 16-byte chunk index is XORed with the row index mod 8 (boxes are 1024-byte aligned).
+__device__ __forceinline__ unsigned sw128(unsigned box, int r, int j) {
+    return box + r * 128 + ((((j >> 2) ^ r) & 7) << 4) + (j & 3) * 4;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB) {
+    extern __shared__ unsigned char smem_raw[];
+    // Swizzled tiles must sit on 1024-byte boundaries: align the window (1 KiB of slack requested).
+    const unsigned raw = smem_addr(smem_raw);
+    const unsigned base = (raw + 1023) & ~1023u;
+    const unsigned bars = base + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+#define FULL(s) (bars + 8 * (s))
+#define EMPTY(s) (bars + 8 * (STAGES + (s)))
+
+    const int tiles_m = DIV_UP(M, BM), tiles_n = DIV_UP(N, BN);
+    int tile_m, tile_n;
+    tile_coords(tile_m, tile_n, tiles_m, tiles_n);
+    const int m0 = tile_m * BM, n0 = tile_n * BN;
+    const int k_tiles_all = DIV_UP(K, BK);
+    const int per_split = DIV_UP(k_tiles_all, SPLITK);
+    const int kt_begin = blockIdx.z * per_split;
+    const int k_tiles = max(0, min(k_tiles_all, kt_begin + per_split) - kt_begin);
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(FULL(s), 1);
+            mbar_init(EMPTY(s), WGS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        // Producer warpgroup: one thread issues every copy; the rest give their registers away.
+#if WGS > 1
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+#endif
+        if (threadIdx.x == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(&tmA) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(&tmB) : "memory");
+            int stage = 0;
+            unsigned phase = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                mbar_wait(EMPTY(stage), phase ^ 1);  // a fresh barrier's "previous phase" is complete
+                mbar_expect_tx(FULL(stage), STAGE_BYTES);
+                const unsigned st = base + stage * STAGE_BYTES;
+                const int k0 = (kt_begin + kt) * BK;
+#pragma unroll
+                for (int atom = 0; atom < KATOMS; ++atom) {
+                    tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 0, FULL(stage));
+                    tma_load_3d(st + (KATOMS + atom) * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 1, FULL(stage));
+                }
+#pragma unroll
+                for (int box = 0; box < BN / 32; ++box)
+                    tma_load_2d(st + A_STAGE_BYTES + box * B_BOX_BYTES, &tmB, n0 + 32 * box, k0, FULL(stage));
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+#if WGS > 1
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+#endif
+    // Consumer warpgroup c owns C columns [n0 + 64*MW*c, +64*MW) as MW wgmma tiles of 64, and
+    // all BM rows: each wgmma computes a 64 (columns of C) x BM (rows of C) block of C^T.
+    const int c = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    float acc[MW][BM / 2], part[MW][BM / 2];
+#pragma unroll
+    for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+        for (int j = 0; j < BM / 2; ++j) acc[mw][j] = part[mw][j] = 0.0f;
+
+    int stage = 0;
+    unsigned phase = 0;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        mbar_wait(FULL(stage), phase);
+        const unsigned st = base + stage * STAGE_BYTES;
+#pragma unroll
+        for (int atom = 0; atom < KATOMS; ++atom) {
+            // Register operand: B^T fragments (m16n8k8 A layout per warp: rows g / g+8, k t / t+4).
+            unsigned rb[MW][4][4], rs[MW][4][4];
+#pragma unroll
+            for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+                for (int s = 0; s < 4; ++s)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int nl = 64 * (MW * c + mw) + 16 * warp + g + 8 * (i & 1);
+                        const int kl = 32 * atom + 8 * s + t + 4 * (i >> 1);
+                        float x;
+                        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x)
+                                     : "r"(sw128(st + A_STAGE_BYTES + (nl / 32) * B_BOX_BYTES, kl, nl % 32)));
+                        rb[mw][s][i] = tf32_big(x);
+                        rs[mw][s][i] = __float_as_uint(x - __uint_as_float(rb[mw][s][i]));
+                    }
+            const unsigned long long d_big = kmajor_sw128_desc(st + atom * A_ATOM_BYTES);
+            const unsigned long long d_small = kmajor_sw128_desc(st + (KATOMS + atom) * A_ATOM_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+                for (int mw = 0; mw < MW; ++mw) {
+                    // k-step s is 32 bytes further along the swizzled rows: +2 in 16-byte units.
+                    wgmma_tf32<BM>(part[mw], rs[mw][s], d_big + 2 * s, s > 0);
+                    wgmma_tf32<BM>(part[mw], rb[mw][s], d_small + 2 * s, 1);
+                    wgmma_tf32<BM>(part[mw], rb[mw][s], d_big + 2 * s, 1);
+                }
+            wgmma_commit();
+            wgmma_wait_all();
+            if (atom == KATOMS - 1) {  // this warp is done with the stage's shared memory
+                __syncwarp();
+                if (lane == 0) mbar_arrive(EMPTY(stage));
+            }
+#pragma unroll
+            for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+                for (int j = 0; j < BM / 2; ++j) acc[mw][j] += part[mw][j];
+        }
+        if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+
+    // Accumulator j of tile mw holds C^T(row 16*warp + g + 8*((j/2)%2), col 8*(j/4) + 2t + j%2).
+#pragma unroll
+    for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+        for (int j = 0; j < BM / 2; ++j) {
+            const int n = n0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
+            const int m = m0 + 8 * (j >> 2) + 2 * t + (j & 1);
+            if (m < M && n < N) {
+#if SPLITK > 1
+                workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
+#else
+                float* out = C + (size_t)m * ldc + n;
+                *out = epilogue(acc[mw][j], alpha, beta, out);
+#endif
+            }
+        }
+#undef FULL
+#undef EMPTY
+}

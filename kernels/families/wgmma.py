@@ -1,0 +1,108 @@
+"""Rung 11: Hopper-native 3xTF32 — wgmma from TMA-fed shared memory, warp-specialized (sm_90a)."""
+from kernels.families.blocktile2d import RASTER
+from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
+
+PACK_THREADS = 256
+PACK_MAX_BLOCKS = 4096
+# Registers a consumer thread may hold after setmaxnreg (wgmma.cu: CONSUMER_REGS; one consumer
+# warpgroup keeps the 255 cap of a 256-thread block).
+CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
+REGS_BESIDE_TILES = 32  # addresses, loop state and descriptors, beside accumulators and fragments
+
+
+def round64(x: int) -> int:
+    return div_up(x, 64) * 64
+
+
+def padded(x: int) -> int:
+    """K (or N) rounded up to 4 floats: rows of the packed copies are 16-byte aligned for TMA."""
+    return div_up(x, 4) * 4
+
+
+def stage_bytes(c: Config) -> int:
+    a = 2 * c["BM"] * c["BK"] * 4            # A's big and small parts
+    b = c["BK"] * block_n(c) * 4             # B as read, split in registers
+    return a + b
+
+
+def block_n(c: Config) -> int:
+    return 64 * c["MW"] * c["WGS"]
+
+
+def consumer_registers(c: Config) -> int:
+    """Accumulators (tensor-core partial + FP32 total) and one 32-deep slice of B fragments (big and small)."""
+    return c["MW"] * (c["BM"] + 32) + REGS_BESIDE_TILES
+
+
+# Workspace layout in floats, as wgmma.cu's ws_a_offset / ws_b_offset.
+def ws_a_offset(c: Config, m: int, n: int) -> int:
+    return round64(c["SPLITK"] * m * n) if c["SPLITK"] > 1 else 0
+
+
+def ws_b_offset(c: Config, m: int, n: int, k: int) -> int:
+    return ws_a_offset(c, m, n) + round64(2 * m * padded(k))
+
+
+class Wgmma(Family):
+    name = "wgmma"
+    rung = 11
+    description = ("Hopper path to FP32 accuracy: 3xTF32 on warpgroup MMAs (wgmma) fed by TMA through an "
+                   "mbarrier ring; one producer and WGS consumer warpgroups (setmaxnreg); A pre-split into "
+                   "big/small parts, B split in registers; optional split-K.")
+    source_file = "wgmma.cu"
+    architectures = ("sm_90",)
+    architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
+    params = (
+        Param("BM", (64, 96, 128), "rows of C per block (the wgmma N extent)"),
+        Param("BK", (32, 64), "depth of a shared-memory stage (32-deep swizzle atoms)"),
+        Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)"),
+        Param("MW", (1, 2), "64-column wgmma tiles per consumer warpgroup"),
+        Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring"),
+        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
+        RASTER,
+    )
+    constraints = (
+        Constraint("accumulators and fragments (MW*(BM+32) + 32 registers) must fit the consumer's "
+                   "register budget after setmaxnreg (255 / 232 / 152 for 1 / 2 / 3 consumer warpgroups)",
+                   lambda c: consumer_registers(c) <= CONSUMER_REGS[c["WGS"]]),
+    )
+
+    # Untuned guesses until the H100 measurements (bench/NOTES.md, rung 11) replace them.
+    starting_points = tuple(
+        dict(zip(("BM", "BK", "WGS", "MW", "STAGES", "SPLITK", "RASTER"), values))
+        for values in ((128, 32, 2, 1, 4, 1, 8), (64, 32, 2, 2, 4, 1, 8), (128, 64, 2, 1, 2, 1, 8),
+                       (128, 32, 2, 1, 4, 4, 1))
+    )
+
+    def target(self, arch: str) -> str:
+        return "sm_90a" if arch == "sm_90" else arch
+
+    def threads(self, c: Config) -> int:
+        return 128 * (c["WGS"] + 1)
+
+    def shared_bytes(self, c: Config) -> int:
+        # 1 KiB of slack to align the swizzled tiles, and two mbarriers per stage.
+        return c["STAGES"] * stage_bytes(c) + 1024 + 16 * c["STAGES"]
+
+    def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
+        return c["BM"], block_n(c)
+
+    def splits(self, c: Config) -> int:
+        return c["SPLITK"]
+
+    def launches(self, c: Config, m: int, n: int, k: int) -> list[Launch]:
+        gemm_launches = super().launches(c, m, n, k)
+        kp, np_ = padded(k), padded(n)
+        a_maps = TensorMap("workspace", dims=(kp, m, 2), box=(32, c["BM"], 1),
+                           strides=(4 * kp, 4 * m * kp), offset=4 * ws_a_offset(c, m, n))
+        b_copy = TensorMap("workspace", dims=(n, k), box=(32, c["BK"]), strides=(4 * np_,),
+                           offset=4 * ws_b_offset(c, m, n, k))
+        b_map = TensorMap("b", dims=(n, k), box=(32, c["BK"]), fallback=b_copy)
+        main = gemm_launches[0]
+        main = Launch(main.kernel, main.grid, main.block, main.shared_bytes, (a_maps, b_map))
+        work = max(m * kp // 4, k * np_)
+        pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), 1, 1), (PACK_THREADS, 1, 1), 0)
+        return [pack, main, *gemm_launches[1:]]
+
+    def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:
+        return 4 * (ws_b_offset(c, m, n, k) + k * padded(n))

@@ -1,0 +1,70 @@
+"""The Hopper family on a real Hopper GPU: misaligned operands and the accuracy bar.
+
+Odd shapes (1x1x1, primes, K=1, 1023x1025x999, K=8191) and occupancy against the driver are
+covered for every family, this one included, by tests/test_kernels_gpu.py.
+Run on the GPU host: python -m pytest -m gpu tests/test_wgmma_gpu.py
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels.reference import relative_error, tolerance
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY = kernels.get_family("wgmma")
+
+
+@pytest.fixture(scope="module")
+def cp():
+    cupy = pytest.importorskip("cupy")
+    try:
+        major = cupy.cuda.Device(0).compute_capability
+    except Exception as e:  # no driver or device
+        pytest.skip(f"no usable GPU: {e}")
+    if major != "90":
+        pytest.skip(f"wgmma needs sm_90, this GPU is sm_{major}")
+    return cupy
+
+
+def _accuracy():
+    spec = importlib.util.spec_from_file_location("bench_accuracy", ROOT / "bench" / "accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("config", [dict(c) for c in FAMILY.starting_points], ids=lambda c: "-".join(map(str, c.values())))
+@pytest.mark.parametrize("shape", [(129, 67, 33), (200, 301, 77), (5, 3, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_operands_at_4_byte_aligned_addresses_with_odd_leading_dims(cp, config, shape):
+    m, n, k = shape
+    rng = np.random.default_rng(m * n * k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    # Views one float into arrays 3 floats wider: addresses 4 bytes past 16-byte alignment,
+    # leading dimensions k+3 / n+3 (not multiples of 4), so neither TMA view can read in place.
+    views = []
+    for host in (a, b, c0):
+        wide = cp.full((host.shape[0], host.shape[1] + 3), cp.nan, cp.float32)
+        view = wide[:, 1:host.shape[1] + 1]
+        view[...] = cp.asarray(host)
+        views.append(view)
+    da, db_, dc = views
+    kernels.gemm(FAMILY, config, da, db_, dc, m, n, k, alpha=0.5, beta=-1.5)
+    cp.cuda.runtime.deviceSynchronize()
+    ref = 0.5 * (a.astype(np.float64) @ b.astype(np.float64)) - 1.5 * c0
+    assert relative_error(cp.asnumpy(dc), ref) < tolerance(k)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "normal", "wide"])
+def test_error_at_most_twice_cublas_fp32(cp, kind):
+    accuracy = _accuracy()
+    row = accuracy.measure(kind, 512, 512, 4096, seed=7)
+    r = accuracy.ratios(row, "wgmma")
+    assert max(r.values()) <= accuracy.TARGET_RATIO, row
