@@ -101,8 +101,18 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024, help="M = N (default 1024)")
     parser.add_argument("--k", type=int, action="append", default=[], help="K values (default 1000 4096 16384)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="FAMILY:PARAM=V",
+                        help="override a parameter of a family's config (its first starting point)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    configs = {name: dict(kernels.get_family(name).starting_points[0]) for name in FAMILIES}
+    for item in args.set:
+        try:
+            name, assignment = item.split(":", 1)
+            param, value = assignment.split("=", 1)
+            configs[name][param] = int(value)
+        except (ValueError, KeyError):
+            parser.error(f"argument --set: {item!r} is not FAMILY:PARAM=VALUE with FAMILY one of {', '.join(FAMILIES)}")
     try:
         import cupy  # noqa: F401
     except ImportError:
@@ -110,8 +120,9 @@ def main() -> int:
     from tuner.gpu import GpuBench
 
     gpu = GpuBench(args.gpu).info()
-    rows = [measure(kind, args.size, args.size, k, args.seed, args.gpu)
+    rows = [measure(kind, args.size, args.size, k, args.seed, args.gpu, configs)
             for kind in KINDS for k in (args.k or [1000, 4096, 16384])]
+    print(f"wgmma {configs['wgmma']}; tf32x3 {configs['tf32x3']}")
     print(f"{gpu['name']}, M = N = {args.size}; errors against float64 (relative Frobenius | max component-wise)")
     print(f"{'inputs':8} {'K':>6} | {'cuBLAS FP32':>21} | {'wgmma':>21} {'x cuBLAS':>11} | {'tf32x3':>21} {'x cuBLAS':>11}")
     met = True

@@ -41,9 +41,9 @@ def test_offered_only_on_hopper_with_a_reason():
 
 
 def test_register_budget_constraint_rejects_oversized_tiles():
-    config = dict(BM=128, BK=32, WGS=2, MW=2, STAGES=2, SPLITK=1, RASTER=1)
+    config = dict(BM=128, BK=32, WGS=2, MW=2, STAGES=2, FLUSH=4, SPLITK=1, RASTER=1)
     assert any("register budget" in r for r in FAMILY.reject_reasons(config))
-    config = dict(BM=128, BK=64, WGS=2, MW=1, STAGES=4, SPLITK=1, RASTER=1)  # 4 x 96 KiB stages
+    config = dict(BM=128, BK=64, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1)  # 4 x 96 KiB stages
     assert any("shared memory" in r for r in FAMILY.reject_reasons(config))
 
 
@@ -74,6 +74,6 @@ def test_launch_plan_and_workspace_layout(shape, splitk):
 
 
 def test_shared_memory_fits_stages_barriers_and_alignment_slack():
-    config = dict(BM=128, BK=32, WGS=2, MW=1, STAGES=4, SPLITK=1, RASTER=1)
+    config = dict(BM=128, BK=32, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1)
     stage = 2 * 128 * 32 * 4 + 32 * 128 * 4
     assert FAMILY.shared_bytes(config) == 4 * stage + 1024 + 16 * 4

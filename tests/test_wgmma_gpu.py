@@ -65,6 +65,6 @@ def test_operands_at_4_byte_aligned_addresses_with_odd_leading_dims(cp, config, 
 @pytest.mark.parametrize("kind", ["uniform", "normal", "wide"])
 def test_error_at_most_twice_cublas_fp32(cp, kind):
     accuracy = _accuracy()
-    row = accuracy.measure(kind, 512, 512, 4096, seed=7)
+    row = accuracy.measure(kind, 1024, 1024, 4096, seed=7)
     r = accuracy.ratios(row, "wgmma")
     assert max(r.values()) <= accuracy.TARGET_RATIO, row

@@ -3,7 +3,7 @@
 #endif
 // Rung 11: Hopper's own path to FP32-accurate tensor-core GEMM (sm_90a).
 //
-// 3xTF32 as in tf32x3 (x = big + small, big = x with the low 13 mantissa bits cleared; a*b summed
+// 3xTF32 as in tf32x3 (x = big + small, big = x rounded to TF32 (10 mantissa bits); a*b summed
 // as a_small*b_big + a_big*b_small + a_big*b_big), issued as warpgroup MMAs (wgmma.mma_async)
 // fed by the bulk tensor copy engine (TMA) through an mbarrier ring, with one producer warpgroup
 // and WGS consumer warpgroups (warp specialization, setmaxnreg).
@@ -17,9 +17,9 @@
 // them 16-byte aligned for TMA whatever A's pointer and lda. B is read by TMA where it and ldb
 // are 16-byte aligned, else from an aligned copy the pre-pass makes.
 //
-// The tensor core truncates when it accumulates, so each consumer sums one 32-deep slice of K
-// from zero in the tensor core and adds it to FP32 accumulators with a round-to-nearest FADD
-// (the same cure as tf32x3's KGROUP).
+// The tensor core truncates when it accumulates, so each consumer sums FLUSH k-steps (8 deep,
+// three MMAs each) from zero in the tensor core and adds them to FP32 accumulators with a
+// round-to-nearest FADD (the same cure as tf32x3's KGROUP).
 #define BN (64 * MW * WGS)
 #define NT (128 * (WGS + 1))
 #define KATOMS (BK / 32)                       // 32-deep (128-byte) swizzle atoms per stage
@@ -57,7 +57,15 @@ __device__ __forceinline__ long long ws_b_offset(int M, int N, int K) {
 }
 __device__ __forceinline__ bool b_tma_ready(const float* B, int ldb) { return aligned16(B) && (ldb & 3) == 0; }
 
-__device__ __forceinline__ unsigned tf32_big(float x) { return __float_as_uint(x) & 0xffffe000u; }
+// big = x rounded to nearest TF32, so small = x - big (exact) takes either sign: the tensor core's
+// truncation of small and the dropped small*small term then err both ways instead of always
+// toward zero (with big = x truncated, uniform [0,1) inputs measured 1.85x cuBLAS FP32's error
+// even with FLUSH = 1; bench/NOTES.md, rung 11).
+__device__ __forceinline__ unsigned tf32_big(float x) {
+    unsigned big;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
+    return big;
+}
 
 // The pre-pass: A -> [big | small] (zero-padded to Kp), and B -> aligned copy where TMA cannot
 // read B in place. Grid-stride loops; four consecutive k per thread, stored as float4.
@@ -236,26 +244,29 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                     }
             const unsigned long long d_big = kmajor_sw128_desc(st + atom * A_ATOM_BYTES);
             const unsigned long long d_small = kmajor_sw128_desc(st + (KATOMS + atom) * A_ATOM_BYTES);
-            wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < 4; ++s)
+            for (int f = 0; f < 4; f += FLUSH) {
+                wgmma_fence();
 #pragma unroll
-                for (int mw = 0; mw < MW; ++mw) {
-                    // k-step s is 32 bytes further along the swizzled rows: +2 in 16-byte units.
-                    wgmma_tf32<BM>(part[mw], rs[mw][s], d_big + 2 * s, s > 0);
-                    wgmma_tf32<BM>(part[mw], rb[mw][s], d_small + 2 * s, 1);
-                    wgmma_tf32<BM>(part[mw], rb[mw][s], d_big + 2 * s, 1);
+                for (int s = f; s < f + FLUSH; ++s)
+#pragma unroll
+                    for (int mw = 0; mw < MW; ++mw) {
+                        // k-step s is 32 bytes further along the swizzled rows: +2 in 16-byte units.
+                        wgmma_tf32<BM>(part[mw], rs[mw][s], d_big + 2 * s, s > f);
+                        wgmma_tf32<BM>(part[mw], rb[mw][s], d_small + 2 * s, 1);
+                        wgmma_tf32<BM>(part[mw], rb[mw][s], d_big + 2 * s, 1);
+                    }
+                wgmma_commit();
+                wgmma_wait_all();
+                if (atom == KATOMS - 1 && f + FLUSH == 4) {  // this warp is done with the stage
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(EMPTY(stage));
                 }
-            wgmma_commit();
-            wgmma_wait_all();
-            if (atom == KATOMS - 1) {  // this warp is done with the stage's shared memory
-                __syncwarp();
-                if (lane == 0) mbar_arrive(EMPTY(stage));
+#pragma unroll
+                for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+                    for (int j = 0; j < BM / 2; ++j) acc[mw][j] += part[mw][j];
             }
-#pragma unroll
-            for (int mw = 0; mw < MW; ++mw)
-#pragma unroll
-                for (int j = 0; j < BM / 2; ++j) acc[mw][j] += part[mw][j];
         }
         if (++stage == STAGES) {
             stage = 0;
