@@ -13,7 +13,6 @@ Prints the table, the geometric mean of the ratios and the issue's targets; writ
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import multiprocessing
@@ -35,10 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 import db  # noqa: E402
 import kernels  # noqa: E402
-from tuner import gpu as gpu_bench  # noqa: E402  (its timing constants, for the record)
-from tuner.cli import BACKEND_ENV  # noqa: E402
+from tuner.measure import gpu as gpu_bench  # noqa: E402  (its timing constants, for the record)
+from tuner.measure.live import backend_module  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import config_text, format_table  # noqa: E402
+from tuner.run.cli import BACKEND_ENV  # noqa: E402
 
 SUITE: tuple[Problem, ...] = tuple(parse_shape(s) for s in (
     "1024x1024x1024", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "4096x4096x1024",
@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench/speed.py: cannot use the results database: {error}", file=sys.stderr)
         return EXIT_USAGE
     backend_name = os.environ.get(BACKEND_ENV) or "tuner.gpu"
-    backend = importlib.import_module(backend_name)
+    backend = backend_module(backend_name)
     reason = backend.probe()
     if reason is not None:
         print(f"bench/speed.py: no usable GPU {args.gpu}: {reason}", file=sys.stderr)

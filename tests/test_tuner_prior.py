@@ -1,4 +1,4 @@
-"""The static prior for the default sampler's start-up (tuner/prior.py): its mechanisms on
+"""The static prior for the default sampler's start-up (tuner/search/prior.py): its mechanisms on
 hand-made geometries, its start-up picks on a real H100 recording, and that the sampler
 measures them first."""
 
@@ -11,11 +11,11 @@ import kernels
 import optuna
 import pytest
 
-from tuner import prior, space
+from tuner.measure.replay import ReplayEvaluator
 from tuner.problem import Problem
-from tuner.replay import ReplayEvaluator
-from tuner.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
-from tuner.search import _accepted_configs
+from tuner.search import prior, space
+from tuner.search.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search.study import _accepted_configs
 
 H100 = prior.Target(sm_count=132, arch="sm_90")
 RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"

@@ -1,4 +1,4 @@
-"""The default sampler's pieces over an enumerated space (tuner/samplers.py): TPE drawing its
+"""The default sampler's pieces over an enumerated space (tuner/search/samplers.py): TPE drawing its
 candidates from the accepted configs, the geometry-group step after the start-up, and a start-up
 that warm-start trials do not shorten."""
 
@@ -11,9 +11,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import prior, space
-from tuner.replay import ReplayEvaluator
-from tuner.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
+from tuner.measure.replay import ReplayEvaluator
+from tuner.search import prior, space
+from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
                             _seen,
                             SearchSpace, make_sampler)
 

@@ -9,8 +9,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from tuner import space
-from tuner.samplers import FeasibleSampler, SearchSpace, make_sampler
+from tuner.search import space
+from tuner.search.samplers import FeasibleSampler, SearchSpace, make_sampler
 
 WARPTILE = kernels.FAMILIES["warptile"]
 BLOCKTILE1D = kernels.FAMILIES["blocktile1d"]

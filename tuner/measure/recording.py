@@ -1,6 +1,6 @@
 """Recordings: every measured result of a sweep over kernel configs, kept in one small file.
 
-A recording lets the tuner run without a GPU (``tuner.replay``) and lets a search strategy be
+A recording lets the tuner run without a GPU (``tuner.measure.replay``) and lets a search strategy be
 judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
 
 File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout::
@@ -37,7 +37,7 @@ from typing import Any, Iterator, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.evaluator import MISSING, OK, Baseline, Measurement
+from tuner.measure.evaluator import MISSING, OK, Baseline, Measurement
 from tuner.problem import Problem
 
 FORMAT = "gemmtune-recording"

@@ -1,7 +1,7 @@
 """The one interface the search loop measures through.
 
-Implementations: ``tuner.live.LiveEvaluator`` (compile pool + GPU child process) and
-``tuner.testing.StandInEvaluator`` (an analytic model for CPU tests). A replay of a recording
+Implementations: ``tuner.measure.live.LiveEvaluator`` (compile pool + GPU child process) and
+``tuner.measure.testing.StandInEvaluator`` (an analytic model for CPU tests). A replay of a recording
 fits the same interface in one more module.
 """
 

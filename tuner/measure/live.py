@@ -1,6 +1,6 @@
 """The live evaluator: NVRTC compiles in a pool of CPU processes, measurement in a GPU child.
 
-The GPU child runs ``tuner.gpu.GpuBench`` (or a stand-in backend with the same names). A
+The GPU child runs ``tuner.measure.gpu.GpuBench`` (or a stand-in backend with the same names). A
 candidate that kills the CUDA context (GpuFault), the child process, or hangs past the timeout
 is recorded as crashed / timeout, and the child is replaced and given the problem again.
 """
@@ -17,21 +17,32 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kernels
 
-from tuner import space
-from tuner.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
-from tuner.interrupt import ignore_sigint
+from tuner.lifetime import ignore_sigint
+from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
+from tuner.measure.resources import summarize
 from tuner.problem import Problem
-from tuner.resources import summarize
+from tuner.search import space
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRIAL_TIMEOUT_S = 30.0
 # Context creation, the float64 reference of a large problem, the cuBLAS baseline.
 SETUP_TIMEOUT_S = 600.0
+
+# What the GPU child measures with: a backend's public name (the value of
+# $GEMMTUNE_GPU_BACKEND and of LiveEvaluator's ``backend``, as README and tests spell it) → its
+# module. Any other name is taken as a module path.
+BACKENDS = {"tuner.gpu": "tuner.measure.gpu", "tuner.testing": "tuner.measure.testing"}
+
+
+def backend_module(name: str) -> ModuleType:
+    """The module behind a backend name: ``probe()``, ``GpuFault`` and ``GpuBench``."""
+    return importlib.import_module(BACKENDS.get(name, name))
 
 
 class GpuUnavailable(RuntimeError):
@@ -56,7 +67,7 @@ class ChildFault(RuntimeError):
 def _child_main(conn: Connection, backend: str, device: int, options: dict[str, Any]) -> None:
     ignore_sigint()
     try:
-        gpu = importlib.import_module(backend)
+        gpu = backend_module(backend)
         reason = gpu.probe()
         if reason is not None:
             conn.send(("unavailable", reason))

@@ -1,6 +1,6 @@
 """Several tuner processes sharing one study through the Optuna storage.
 
-Each worker searches on an in-memory copy of the study (tuner.search). This module is its view
+Each worker searches on an in-memory copy of the study (tuner.search.study). This module is its view
 of the stored study:
 
 * ``SharedStudy.pull()`` reads what changed in the storage since the last look (trials added
@@ -36,7 +36,7 @@ OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
 
 
 def heartbeats_on(storage: BaseStorage) -> bool:
-    """Whether the storage keeps trial heartbeats (tuner.storage.open_storage makes such)."""
+    """Whether the storage keeps trial heartbeats (tuner.run.storage.open_storage makes such)."""
     interval = getattr(storage, "get_heartbeat_interval", None)
     return interval is not None and interval() is not None
 

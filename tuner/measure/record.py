@@ -8,7 +8,7 @@ Per family the configs are the accepted configs of its grid (all declared values
 ``--grid FAMILY:PARAM=v1,v2`` keeps): every one of them when there are at most
 ``--max-configs``, else a uniform sample of that many (the file says which). All configs are
 compiled once in a pool of CPU processes; each shape then gets one ``set_problem``, one cuBLAS
-baseline and one measurement per config, in-process with ``tuner.gpu.GpuBench``, exactly as
+baseline and one measurement per config, in-process with ``tuner.measure.gpu.GpuBench``, exactly as
 the tuner's GPU child measures. A sticky CUDA error is recorded as ``crashed`` and the bench is
 re-created. A recording of the full accepted space is what the search-efficiency benchmark
 needs: then its recorded optimum is the optimum of the space the search sees.
@@ -30,9 +30,9 @@ from typing import Any, Iterable, Sequence
 
 import kernels
 
-from tuner.evaluator import COMPILE_ERROR, CRASHED, Evaluator
+from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, Evaluator
 from tuner.problem import Problem, ShapeError, parse_shape
-from tuner.recording import (
+from tuner.measure.recording import (
     FamilyHeader,
     ProblemRecording,
     RecordedResult,
@@ -132,7 +132,7 @@ def record_with_evaluator(evaluator: Evaluator, families: Sequence[Any],
 
 def _measure(bench: Any, family: Any, config: dict[str, int], problem: Problem,
              compiled: Any, arch: str) -> RecordedResult:
-    from tuner.resources import summarize
+    from tuner.measure.resources import summarize
 
     if compiled.cubin is None:
         return RecordedResult(state=COMPILE_ERROR, error=compiled.error,
@@ -154,8 +154,8 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
               command: str = "") -> Recording:
     from tqdm import tqdm
 
-    from tuner.gpu import GpuBench, GpuFault
-    from tuner.live import CompilePool, default_workers
+    from tuner.measure.gpu import GpuBench, GpuFault
+    from tuner.measure.live import CompilePool, default_workers
 
     started = time.monotonic()
     bench = GpuBench(device)

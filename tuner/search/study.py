@@ -20,13 +20,13 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
-from tuner import prior, space
-from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
-from tuner.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.interrupt import StopRequest
+from tuner.lifetime import StopRequest
+from tuner.measure.evaluator import OK, REJECTED, Evaluator, Measurement
 from tuner.problem import Problem
-from tuner.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
-from tuner.warmstart import warm_start_configs
+from tuner.search import prior, space
+from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
+from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search.warmstart import warm_start_configs
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,9 @@ class Session:
     command: str = "python -m tuner"
     stop: StopRequest = field(default_factory=StopRequest)
     # Several workers on one study (README, "Several workers"): register each candidate in the
-    # storage before measuring it. Needs a storage made by tuner.storage.open_storage.
+    # storage before measuring it. Needs a storage made by tuner.run.storage.open_storage.
     claim_trials: bool = False
-    # The default sampler's start-up (tuner.prior) may compile this many configs to read their
+    # The default sampler's start-up (tuner.search.prior) may compile this many configs to read their
     # registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers only.
     prior_compiles: int = prior.MAX_COMPILES
     compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
@@ -191,7 +191,7 @@ class _StudyRun:
     in-memory copy and writes each finished trial back in one transaction. (Asking and telling
     through an RDB storage costs a commit per parameter and attribute, a quarter second per
     trial on a slow disk, and trials in flight when the process dies never reach the storage.)
-    Before each ask it pulls what other workers stored since (tuner.fleet); with claims on, a
+    Before each ask it pulls what other workers stored since (tuner.search.fleet); with claims on, a
     candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
@@ -199,10 +199,10 @@ class _StudyRun:
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
         self.baseline_gflops = baseline_gflops
         self.name = study_name(session.gpu_name, family, problem)
-        self.distributions = space.distributions(family)  # positions: see tuner.space
+        self.distributions = space.distributions(family)  # positions: see tuner.search.space
         self.arch = session.evaluator.arch()
         self.accepted_all = _accepted_configs(family, self.arch)
-        # the default sampler's geometry groups (tuner.prior), shared by its start-up and model
+        # the default sampler's geometry groups (tuner.search.prior), shared by its start-up and model
         self.groups = (prior.group_configs(family, self.accepted_all, problem.m, problem.n,
                                            problem.k)
                        if session.sampler == "default" and self.accepted_all is not None
@@ -249,7 +249,7 @@ class _StudyRun:
                 for _, members in (self.groups or {}).values()]
 
     def _prior_startup(self) -> list[dict[str, int]]:
-        """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
+        """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the
         space is not enumerated or the GPU's SM count is unknown (uniform start-up then).
         With ``batch`` candidates in flight, the asks made before the start-up's results come
         back take the next picks of the prior's ranking (instead of uniform ones)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
-from tuner.samplers import SAMPLERS, missing_packages
+from tuner.search.samplers import SAMPLERS, missing_packages
 
 log = logging.getLogger("tuner")
 
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "for SQLite, where it costs a few commits per trial)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log a line per trial; twice for debug output")
-    from tuner.worker import add_worker_arguments
+    from tuner.run.worker import add_worker_arguments
 
     add_worker_arguments(parser, _positive_int, _positive_seconds)
     return parser
@@ -208,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     _configure_logging(args.verbose)
     if args.dry_run:
-        from tuner.dryrun import dry_run
-        from tuner.live import default_workers
+        from tuner.measure.live import default_workers
+        from tuner.run.dryrun import dry_run
 
         ok = dry_run(args.families, args.problems[0], arch=args.arch, cache_dir=cache_dir(args),
                      count=args.dry_run_configs, seed=args.seed,
@@ -217,14 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK if ok else EXIT_FAILED
 
     if args.worker:
-        from tuner.worker import worker_main
+        from tuner.run.worker import worker_main
 
         return worker_main(args)
     if args.replay:
-        from tuner.replay import replay_main
+        from tuner.measure.replay import replay_main
 
         return replay_main(args)
-    from tuner.live import GpuUnavailable, LiveEvaluator
+    from tuner.measure.live import GpuUnavailable, LiveEvaluator
 
     try:
         evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
@@ -254,10 +254,10 @@ def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> 
     import optuna
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from tuner.interrupt import StopRequest
-    from tuner.search import Budget, Session
-    from tuner.session import tune_all
-    from tuner.storage import is_server, open_storage
+    from tuner.lifetime import StopRequest
+    from tuner.run.session import tune_all
+    from tuner.run.storage import is_server, open_storage
+    from tuner.search.study import Budget, Session
 
     try:
         database = db.open_database(args.db)

@@ -2,7 +2,7 @@
 
 A job (db.Job, queued by the API) names a GPU model, a problem, optionally the families and a
 budget. The worker claims the oldest job for its model (db.Database.claim_job: two workers never
-get the same one), runs the normal studies for it (tuner.session.tune_all) and marks it done or
+get the same one), runs the normal studies for it (tuner.run.session.tune_all) and marks it done or
 failed with the reason. While a job runs, a thread refreshes its heartbeat; a job whose worker
 died (no heartbeat for --stale-after seconds) is claimed again by the next worker. The first
 Ctrl-C or SIGTERM ends the trial in hand, puts the job back in the queue and exits with 130.
@@ -57,7 +57,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser, positive_int: Callable
 class _JobStop:
     """What the studies of one job check between trials: the worker was told to stop, or the
     job was taken over by another worker (our heartbeat went stale), so our work is no longer
-    wanted. Quacks like tuner.interrupt.StopRequest, which is all tune_all and run_study read."""
+    wanted. Quacks like tuner.lifetime.StopRequest, which is all tune_all and run_study read."""
 
     def __init__(self, worker_stop: Any) -> None:
         self.worker_stop = worker_stop
@@ -110,11 +110,11 @@ class Worker:
     evaluator: Any
     database: Any  # db.Database
     storage: Any  # optuna storage
-    stop: Any  # tuner.interrupt.StopRequest
+    stop: Any  # tuner.lifetime.StopRequest
     resolve_families: Callable[[list[str]], list[Any]]  # job's family names → family objects
     check_problem: Callable[[Any], str | None]  # a reason this evaluator cannot tune it, or None
     out: TextIO | None = None  # None: sys.stdout at the time of printing
-    claim_trials: bool = False  # several workers on one study (tuner.search.Session)
+    claim_trials: bool = False  # several workers on one study (tuner.search.study.Session)
     gpu_id: int = dataclasses.field(init=False, default=0)
     gpu_name: str = dataclasses.field(init=False, default="")
     name: str = dataclasses.field(
@@ -125,7 +125,7 @@ class Worker:
 
     def run(self) -> int:
         import db
-        from tuner.cli import EXIT_INTERRUPTED, EXIT_OK
+        from tuner.run.cli import EXIT_INTERRUPTED, EXIT_OK
 
         known = {f.name for f in dataclasses.fields(db.GpuInfo)}
         gpu_info = db.GpuInfo(**{k: v for k, v in self.evaluator.info().items() if k in known})
@@ -202,9 +202,9 @@ class Worker:
         return True
 
     def _tune(self, job: Any, problem: Any, families: list[Any], job_stop: _JobStop) -> Any:
-        from tuner.cli import DEFAULT_PATIENCE, DEFAULT_TRIALS, cache_dir
-        from tuner.search import Budget, Session
-        from tuner.session import tune_all
+        from tuner.run.cli import DEFAULT_PATIENCE, DEFAULT_TRIALS, cache_dir
+        from tuner.run.session import tune_all
+        from tuner.search.study import Budget, Session
 
         args = self.args
         patience = job.budget.get("patience", getattr(args, "patience", DEFAULT_PATIENCE))
@@ -257,15 +257,15 @@ def _verdict(summary: Any, problem: Any, seconds: float) -> str:
 
 def worker_main(args: argparse.Namespace) -> int:
     """``python -m tuner --worker``: the evaluator (live GPU or --replay), the stores, the loop."""
-    from tuner.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, cache_dir
+    from tuner.run.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, cache_dir
 
     if args.shape:
         print("python -m tuner: --worker takes its shapes from the jobs; drop --shape",
               file=sys.stderr)
         return EXIT_USAGE
     if args.replay:
-        from tuner.recording import RecordingError
-        from tuner.replay import ReplayEvaluator
+        from tuner.measure.recording import RecordingError
+        from tuner.measure.replay import ReplayEvaluator
 
         try:
             evaluator = ReplayEvaluator.open(args.replay)
@@ -274,8 +274,8 @@ def worker_main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         resolve, check = _replay_rules(args, evaluator)
     else:
-        from tuner.live import GpuUnavailable, LiveEvaluator
-        from tuner.cli import BACKEND_ENV
+        from tuner.measure.live import GpuUnavailable, LiveEvaluator
+        from tuner.run.cli import BACKEND_ENV
 
         try:
             evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
@@ -298,9 +298,9 @@ def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str
            check: Callable[[Any], str | None]) -> int:
     import db
 
-    from tuner.cli import EXIT_USAGE
-    from tuner.interrupt import StopRequest
-    from tuner.storage import is_server, open_storage
+    from tuner.lifetime import StopRequest
+    from tuner.run.cli import EXIT_USAGE
+    from tuner.run.storage import is_server, open_storage
 
     try:
         database = db.open_database(args.db)
@@ -309,7 +309,7 @@ def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str
         return EXIT_USAGE
     storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
     try:
-        # safe when several workers open a fresh database together (tuner/storage.py)
+        # safe when several workers open a fresh database together (tuner/run/storage.py)
         storage = open_storage(storage_url, heartbeat_s=args.heartbeat, stale_after_s=args.stale_after)
     except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
         print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",

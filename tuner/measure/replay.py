@@ -20,10 +20,10 @@ from typing import Any, Mapping
 
 import kernels
 
-from tuner import prior
-from tuner.evaluator import Baseline, Measurement
+from tuner.measure.evaluator import Baseline, Measurement
+from tuner.measure.recording import FamilyHeader, Recording, RecordingError, load, missing_measurement
 from tuner.problem import Problem
-from tuner.recording import FamilyHeader, Recording, RecordingError, load, missing_measurement
+from tuner.search import prior
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class ReplayEvaluator:
 
 def replay_main(args: argparse.Namespace) -> int:
     """``python -m tuner --replay FILE``: families and shapes default to the recorded ones."""
-    from tuner.cli import EXIT_USAGE, tune
+    from tuner.run.cli import EXIT_USAGE, tune
 
     try:
         evaluator = ReplayEvaluator.open(args.replay)

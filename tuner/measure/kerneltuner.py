@@ -26,9 +26,9 @@ from typing import Any, Sequence
 
 import kernels
 
-from tuner.evaluator import COMPILE_ERROR, CRASHED, LAUNCH_ERROR, OK, TIMEOUT, WRONG_RESULT
+from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, LAUNCH_ERROR, OK, TIMEOUT, WRONG_RESULT
 from tuner.problem import Problem, ShapeError, parse_shape
-from tuner.recording import (
+from tuner.measure.recording import (
     FamilyHeader,
     ProblemRecording,
     RecordedResult,
