@@ -17,7 +17,8 @@ from tuner.measure.recording import load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.run.cli import EXIT_OK, EXIT_USAGE, main
+from tuner.run.cli import main
+from tuner.run.options import EXIT_OK, EXIT_USAGE
 
 NAIVE = kernels.FAMILIES["naive"]
 SMEM = kernels.FAMILIES["smem"]

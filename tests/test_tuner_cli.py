@@ -14,7 +14,8 @@ import pytest
 
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import DEFAULT_SHAPES, Problem
-from tuner.run.cli import parse_args, tune
+from tuner.run.cli import parse_args
+from tuner.run.tune import tune
 from tuner.search.samplers import missing_packages
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,8 @@ from tuner.measure.record import record_with_evaluator
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.run.cli import EXIT_OK, EXIT_USAGE, main
+from tuner.run.cli import main
+from tuner.run.options import EXIT_OK, EXIT_USAGE
 from tuner.run.storage import open_storage
 from tuner.search import space
 from tuner.search.study import study_name

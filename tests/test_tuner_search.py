@@ -11,9 +11,9 @@ from optuna.trial import TrialState
 
 from tuner.lifetime import StopRequest
 from tuner.measure.testing import StandInEvaluator, model_gflops
-from tuner.problem import Problem
+from tuner.problem import Problem, config_key
 from tuner.run.session import tune_all
-from tuner.search.space import config_from_params, config_key
+from tuner.search.space import config_from_params
 from tuner.search.study import Budget, Session, run_study, study_name
 
 NAIVE = kernels.FAMILIES["naive"]

@@ -25,8 +25,7 @@ import kernels
 from tuner.lifetime import ignore_sigint
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
 from tuner.measure.resources import summarize
-from tuner.problem import Problem
-from tuner.search import space
+from tuner.problem import Problem, config_key
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +37,10 @@ SETUP_TIMEOUT_S = 600.0
 # $GEMMTUNE_GPU_BACKEND and of LiveEvaluator's ``backend``, as README and tests spell it) → its
 # module. Any other name is taken as a module path.
 BACKENDS = {"tuner.gpu": "tuner.measure.gpu", "tuner.testing": "tuner.measure.testing"}
+DEFAULT_BACKEND = "tuner.gpu"
+# For tests only: "tuner.testing" here makes the whole command (compile pool, child process,
+# signals, database) run on the CPU stand-in instead of a GPU.
+BACKEND_ENV = "GEMMTUNE_GPU_BACKEND"
 
 
 def backend_module(name: str) -> ModuleType:
@@ -249,7 +252,7 @@ class LiveEvaluator:
         workers: int | None = None,
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         setup_timeout_s: float = SETUP_TIMEOUT_S,
-        backend: str = "tuner.gpu",
+        backend: str = DEFAULT_BACKEND,
         backend_options: dict[str, Any] | None = None,
     ) -> None:
         self.trial_timeout_s = trial_timeout_s
@@ -285,7 +288,7 @@ class LiveEvaluator:
                         float(result["gflops"]), result.get("sm_clock_mhz"))
 
     def _key(self, family: Any, config: dict[str, int]) -> tuple:
-        return (family.name, family.source_hash, space.config_key(config))
+        return (family.name, family.source_hash, config_key(config))
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         key = self._key(family, config)

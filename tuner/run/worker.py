@@ -10,11 +10,9 @@ Ctrl-C or SIGTERM ends the trial in hand, puts the job back in the queue and exi
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
-import shlex
 import socket
 import sys
 import threading
@@ -22,36 +20,13 @@ import time
 import uuid
 from typing import Any, Callable, TextIO
 
+from tuner.lifetime import StopRequest
+from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, BudgetOptions,
+                               Options, SearchOptions, WorkerOptions)
+from tuner.run.tune import (Stores, new_session, open_stores, recorded_families, register_gpu,
+                            start_live)
+
 log = logging.getLogger(__name__)
-
-DEFAULT_POLL_S = 10.0
-DEFAULT_HEARTBEAT_S = 30.0
-DEFAULT_STALE_AFTER_S = 300.0  # a job's heartbeat older than this: its worker is taken as dead
-DEFAULT_JOB_SECONDS = 780.0  # a job's studies share this wall time unless its budget says
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int],
-                         positive_seconds: Callable[[str], float]) -> None:
-    group = parser.add_argument_group(
-        "worker", "python -m tuner --worker: take tuning jobs (POST /api/jobs, /api/best?tune=true) "
-                  "for this GPU's model from the results database; --trials, --patience, "
-                  "--sampler, --seed apply where a job does not say")
-    group.add_argument("--worker", action="store_true",
-                       help="run queued tuning jobs for this GPU's model until stopped")
-    group.add_argument("--poll", type=positive_seconds, default=DEFAULT_POLL_S, metavar="SECONDS",
-                       help="wait between looks at an empty queue (default: %(default)s)")
-    group.add_argument("--once", action="store_true",
-                       help="run the jobs queued now, then exit instead of waiting for more")
-    group.add_argument("--max-jobs", type=positive_int, default=None, metavar="N",
-                       help="exit after N jobs (default: no limit)")
-    group.add_argument("--heartbeat", type=positive_seconds, default=DEFAULT_HEARTBEAT_S,
-                       metavar="SECONDS",
-                       help="how often a running job's heartbeat is refreshed (default: %(default)s)")
-    group.add_argument("--stale-after", type=positive_seconds, default=DEFAULT_STALE_AFTER_S,
-                       metavar="SECONDS",
-                       help="claim a running job whose heartbeat is older than this: its worker "
-                            "died (default: %(default)s; keep it well above --heartbeat on "
-                            "every worker)")
 
 
 class _JobStop:
@@ -106,15 +81,17 @@ class _Heartbeat:
 class Worker:
     """Claims and runs jobs for one GPU; `run()` returns the command's exit status."""
 
-    args: argparse.Namespace
     evaluator: Any
-    database: Any  # db.Database
-    storage: Any  # optuna storage
+    stores: Stores  # the results database (jobs too), the Optuna storage, heartbeat settings
     stop: Any  # tuner.lifetime.StopRequest
     resolve_families: Callable[[list[str]], list[Any]]  # job's family names → family objects
     check_problem: Callable[[Any], str | None]  # a reason this evaluator cannot tune it, or None
+    options: WorkerOptions
+    budget: BudgetOptions  # where a job's budget does not say
+    search: SearchOptions
+    compile_cache: Any = None  # CUBIN cache folder (None: kernels' default)
+    command: str = "python -m tuner --worker"  # stored with each run, followed by "# job <id>"
     out: TextIO | None = None  # None: sys.stdout at the time of printing
-    claim_trials: bool = False  # several workers on one study (tuner.search.study.Session)
     gpu_id: int = dataclasses.field(init=False, default=0)
     gpu_name: str = dataclasses.field(init=False, default="")
     name: str = dataclasses.field(
@@ -123,31 +100,29 @@ class Worker:
     def say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] worker: {text}", file=self.out or sys.stdout, flush=True)
 
-    def run(self) -> int:
-        import db
-        from tuner.run.cli import EXIT_INTERRUPTED, EXIT_OK
+    @property
+    def database(self) -> Any:  # db.Database
+        return self.stores.database
 
-        known = {f.name for f in dataclasses.fields(db.GpuInfo)}
-        gpu_info = db.GpuInfo(**{k: v for k, v in self.evaluator.info().items() if k in known})
+    def run(self) -> int:
         # Registering the GPU makes its model known, so jobs for it can be queued at once.
-        self.gpu_id = self.database.ensure_gpu(gpu_info)
-        self.gpu_name = gpu_info.name
+        self.gpu_id, self.gpu_name = register_gpu(self.database, self.evaluator)
         self.say(f"{self.name} takes jobs for {self.gpu_name!r} from {self.database!r}"
-                 + (" (the jobs queued now, then exit)" if self.args.once
-                    else f", looking every {self.args.poll:g} s"))
+                 + (" (the jobs queued now, then exit)" if self.options.once
+                    else f", looking every {self.options.poll_s:g} s"))
         done = 0
         while not self.stop.requested:
             job = self.database.claim_job(self.gpu_name, self.name,
-                                          stale_after_s=self.args.stale_after)
+                                          stale_after_s=self.stores.stale_after_s)
             if job is None:
-                if self.args.once:
+                if self.options.once:
                     break
-                self._sleep(self.args.poll)
+                self._sleep(self.options.poll_s)
                 continue
             if not self._run_job(job):
                 break
             done += 1
-            if self.args.max_jobs is not None and done >= self.args.max_jobs:
+            if self.options.max_jobs is not None and done >= self.options.max_jobs:
                 break
         interrupted = self.stop.requested
         self.say(f"{'stopped' if interrupted else 'exiting'} after {done} job(s)")
@@ -180,7 +155,7 @@ class Worker:
         started = time.monotonic()
         summary = None
         try:
-            with _Heartbeat(self.database, job.id, self.name, self.args.heartbeat, job_stop):
+            with _Heartbeat(self.database, job.id, self.name, self.stores.heartbeat_s, job_stop):
                 summary = self._tune(job, problem, families, job_stop)
         except KeyboardInterrupt:  # a second Ctrl-C: hand the job back before going
             self._release(job, "its worker was aborted")
@@ -202,27 +177,12 @@ class Worker:
         return True
 
     def _tune(self, job: Any, problem: Any, families: list[Any], job_stop: _JobStop) -> Any:
-        from tuner.run.cli import DEFAULT_PATIENCE, DEFAULT_TRIALS, cache_dir
         from tuner.run.session import tune_all
-        from tuner.search.study import Budget, Session
 
-        args = self.args
-        patience = job.budget.get("patience", getattr(args, "patience", DEFAULT_PATIENCE))
-        budget = Budget(trials=job.budget.get("trials", getattr(args, "trials", DEFAULT_TRIALS)),
-                        timeout_s=getattr(args, "timeout", None), patience=patience or None)
-        total = job.budget.get("total_seconds")
-        if total is None and budget.timeout_s is None:
-            total = DEFAULT_JOB_SECONDS
-        session = Session(
-            database=self.database, evaluator=self.evaluator, storage=self.storage,
-            gpu_id=self.gpu_id, gpu_name=self.gpu_name, sampler=getattr(args, "sampler", "default"),
-            seed=getattr(args, "seed", 0), batch=getattr(self.evaluator, "batch", 1),
-            progress=getattr(args, "progress", True), host=socket.gethostname(),
-            command=f"{shlex.join(['python', '-m', 'tuner', *(args.argv or sys.argv[1:])])} "
-                    f"# job {job.id}",
-            stop=job_stop, claim_trials=self.claim_trials, heartbeat_s=args.heartbeat,
-            stale_after_s=args.stale_after, compile_cache=cache_dir(args),
-        )
+        budget, total = self.budget.for_job(job.budget)
+        session = new_session(self.stores, self.evaluator, (self.gpu_id, self.gpu_name),
+                              self.search, compile_cache=self.compile_cache,
+                              command=f"{self.command} # job {job.id}", stop=job_stop)
         return tune_all(session, families, [problem], budget, total_seconds=total)
 
     def _end(self, job: Any, state: str, reason: str, run_ids: list[int]) -> None:
@@ -255,110 +215,87 @@ def _verdict(summary: Any, problem: Any, seconds: float) -> str:
     return f"{text}, {len(summary.outcomes)} studies in {seconds:.0f} s"
 
 
-def worker_main(args: argparse.Namespace) -> int:
+def worker_main(options: Options) -> int:
     """``python -m tuner --worker``: the evaluator (live GPU or --replay), the stores, the loop."""
-    from tuner.run.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, cache_dir
-
-    if args.shape:
+    if options.shapes_named:
         print("python -m tuner: --worker takes its shapes from the jobs; drop --shape",
               file=sys.stderr)
         return EXIT_USAGE
-    if args.replay:
+    if options.replay:
         from tuner.measure.recording import RecordingError
         from tuner.measure.replay import ReplayEvaluator
 
         try:
-            evaluator = ReplayEvaluator.open(args.replay)
+            evaluator = ReplayEvaluator.open(options.replay)
         except RecordingError as error:
             print(f"python -m tuner: --replay: {error}", file=sys.stderr)
             return EXIT_USAGE
-        resolve, check = _replay_rules(args, evaluator)
+        resolve, check = _replay_rules(options, evaluator)
     else:
-        from tuner.measure.live import GpuUnavailable, LiveEvaluator
-        from tuner.run.cli import BACKEND_ENV
+        from tuner.measure.live import GpuUnavailable
 
         try:
-            evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
-                                      trial_timeout_s=args.trial_timeout,
-                                      backend=os.environ.get(BACKEND_ENV) or "tuner.gpu")
+            evaluator = start_live(options.evaluator)
         except (GpuUnavailable, RuntimeError) as reason:
             last = (str(reason).strip().splitlines() or ["unknown error"])[-1]
-            print(f"python -m tuner: --worker: no usable GPU {args.gpu}: {last}", file=sys.stderr)
+            print(f"python -m tuner: --worker: no usable GPU {options.evaluator.gpu}: {last}",
+                  file=sys.stderr)
             return EXIT_FAILED
-        resolve, check = _live_rules(args)
+        resolve, check = _live_rules(options.families)
     with evaluator:
         try:
-            return _serve(args, evaluator, resolve, check)
+            return _serve(options, evaluator, resolve, check)
         except KeyboardInterrupt:
             print("python -m tuner: aborted", file=sys.stderr)
             return EXIT_INTERRUPTED
 
 
-def _serve(args: argparse.Namespace, evaluator: Any, resolve: Callable[[list[str]], list[Any]],
+def _serve(options: Options, evaluator: Any, resolve: Callable[[list[str]], list[Any]],
            check: Callable[[Any], str | None]) -> int:
-    import db
-
-    from tuner.lifetime import StopRequest
-    from tuner.run.cli import EXIT_USAGE
-    from tuner.run.storage import is_server, open_storage
-
-    try:
-        database = db.open_database(args.db)
-    except (db.StorageError, db.InvalidInputError) as error:
-        print(f"python -m tuner: cannot use the results database: {error}", file=sys.stderr)
+    stores = open_stores(options.stores)
+    if stores is None:
         return EXIT_USAGE
-    storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
-    try:
-        # safe when several workers open a fresh database together (tuner/run/storage.py)
-        storage = open_storage(storage_url, heartbeat_s=args.heartbeat, stale_after_s=args.stale_after)
-    except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
-        print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
-              file=sys.stderr)
-        database.close()
-        return EXIT_USAGE
-    with database, StopRequest() as stop:
-        claims = getattr(args, "claim_trials", None)
-        worker = Worker(args=args, evaluator=evaluator, database=database, storage=storage,
-                        stop=stop, resolve_families=resolve, check_problem=check,
-                        claim_trials=is_server(storage_url) if claims is None else claims)
+    with stores.database, StopRequest() as stop:
+        worker = Worker(evaluator=evaluator, stores=stores, stop=stop, resolve_families=resolve,
+                        check_problem=check, options=options.worker, budget=options.budget,
+                        search=options.search, compile_cache=options.evaluator.cache_dir,
+                        command=options.command)
         return worker.run()
 
 
-def _live_rules(args: argparse.Namespace) -> tuple[Callable, Callable]:
+def _known_families(names: list[str], family: Callable[[Any], Any]) -> list[Any]:
+    """A job's family names as this worker's family objects; ValueError for an unknown name."""
     import kernels
 
+    unknown = [n for n in names if n not in kernels.FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown kernel family {', '.join(map(repr, unknown))}; this "
+                         f"worker has {', '.join(kernels.FAMILIES)}")
+    return [family(kernels.FAMILIES[n]) for n in names]
+
+
+def _live_rules(default_families: list[Any]) -> tuple[Callable, Callable]:
     def resolve(names: list[str]) -> list[Any]:
         if not names:
-            return list(args.families)  # --kernel, else every family
-        unknown = [n for n in names if n not in kernels.FAMILIES]
-        if unknown:
-            raise ValueError(f"unknown kernel family {', '.join(map(repr, unknown))}; this "
-                             f"worker has {', '.join(kernels.FAMILIES)}")
-        return [kernels.FAMILIES[n] for n in names]
+            return list(default_families)  # --kernel, else every family
+        return _known_families(names, lambda family: family)
 
     return resolve, lambda problem: None
 
 
-def _replay_rules(args: argparse.Namespace, evaluator: Any) -> tuple[Callable, Callable]:
+def _replay_rules(options: Options, evaluator: Any) -> tuple[Callable, Callable]:
     """A replay worker can only answer what its recording holds."""
-    import kernels
-
-    recorded = [entry.problem for entry in evaluator.recording.problems]
+    recorded = evaluator.problems()
 
     def resolve(names: list[str]) -> list[Any]:
         if not names:
-            return ([evaluator.family(f) for f in args.families] if args.kernel
-                    else evaluator.families())
-        unknown = [n for n in names if n not in kernels.FAMILIES]
-        if unknown:
-            raise ValueError(f"unknown kernel family {', '.join(map(repr, unknown))}; this "
-                             f"worker has {', '.join(kernels.FAMILIES)}")
-        return [evaluator.family(kernels.FAMILIES[n]) for n in names]
+            return recorded_families(evaluator, options)
+        return _known_families(names, evaluator.family)
 
     def check(problem: Any) -> str | None:
         if problem in recorded:
             return None
-        return (f"the recording ({args.replay}) has no {problem.shape}; it holds "
+        return (f"the recording ({options.replay}) has no {problem.shape}; it holds "
                 f"{', '.join(p.shape for p in recorded)}")
 
     return resolve, check

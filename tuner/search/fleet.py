@@ -29,9 +29,10 @@ from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from tuner.problem import ConfigKey
+
 log = logging.getLogger(__name__)
 
-Key = tuple[tuple[str, int], ...]
 OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -54,7 +55,7 @@ class Changes:
 class SharedStudy:
     """One worker's handle on a stored study."""
 
-    def __init__(self, storage: BaseStorage, name: str, *, key_of: Callable[[FrozenTrial], Key],
+    def __init__(self, storage: BaseStorage, name: str, *, key_of: Callable[[FrozenTrial], ConfigKey],
                  claims: bool, stale_check_every_s: float) -> None:
         self.storage = storage
         self.key_of = key_of  # a stored trial's config identity (params hold positions)
@@ -133,7 +134,7 @@ class SharedStudy:
         self._start_heartbeat(trial_id)
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
 
-    def claimed_before(self, key: Key, trial_id: int) -> bool:
+    def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
         """Whether another worker holds a claim on the same config with a lower trial id.
         Ids are handed out in commit order, so of two racing claims the later one sees the
         earlier after its pull, and backs off: exactly one of them measures."""

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import OK, REJECTED, Evaluator, Measurement
-from tuner.problem import Problem
+from tuner.problem import ConfigKey, Problem, config_key
+from tuner.report import config_text
 from tuner.search import prior, space
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
@@ -114,7 +115,7 @@ class _Known:
 class _Pending:
     trial: Trial
     config: dict[str, int]
-    key: tuple[tuple[str, int], ...]
+    key: ConfigKey
     alias: bool = False  # same config as an earlier pending candidate: answered from it
     claim: int | None = None  # its RUNNING trial id in the storage (claims on)
     retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
@@ -129,13 +130,13 @@ def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
 
 
 def _known_from_trials(family: Any, trials: list[FrozenTrial]
-                       ) -> dict[tuple[tuple[str, int], ...], _Known]:
-    known: dict[tuple[tuple[str, int], ...], _Known] = {}
+                       ) -> dict[ConfigKey, _Known]:
+    known: dict[ConfigKey, _Known] = {}
     for trial in trials:
         state = trial.user_attrs.get("state")
         if state is None or "duplicate_of" in trial.user_attrs:
             continue
-        key = space.config_key(space.config_from_params(family, trial.params,
+        key = config_key(space.config_from_params(family, trial.params,
                                                         trial.distributions))
         known.setdefault(
             key,
@@ -161,10 +162,6 @@ def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
     configs = (dict(zip(names, values))
                for values in itertools.product(*(sorted(p.values) for p in family.params)))
     return [config for config in configs if not family.reject_reasons(config, arch)]
-
-
-def _config_text(config: dict[str, int]) -> str:
-    return " ".join(f"{name}={value}" for name, value in config.items())
 
 
 @dataclass
@@ -224,13 +221,13 @@ class _StudyRun:
                                  _seed_for(session.seed, len(history), self.shared.claims),
                                  search_space),
         )
-        self.known: dict[tuple[tuple[str, int], ...], _Known] = {}  # numbered as stored
+        self.known: dict[ConfigKey, _Known] = {}  # numbered as stored
         self.tally = _Tally()
         self.mirrors: dict[int, int] = {}  # others' RUNNING claim id → in-memory trial number
         self._learn(changes)
         if session.warm_start and not history:
             for config in warm_start_configs(session.database, session.gpu_name, family, problem):
-                log.info("%s: warm start with %s", self.name, _config_text(config))
+                log.info("%s: warm start with %s", self.name, config_text(config))
                 self.study.enqueue_trial(space.params_from_config(family, config),
                                          user_attrs={"warm_start": True},
                                          skip_if_exists=True)
@@ -269,13 +266,13 @@ class _StudyRun:
             groups=self.groups)
         log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
                  "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
-                 ranking.compile_seconds, "; ".join(_config_text(c) for c in configs))
+                 ranking.compile_seconds, "; ".join(config_text(c) for c in configs))
         return [space.params_from_config(self.family, c) for c in configs]
 
     # ---------------------------------------------------------------- other workers
 
-    def _key_of(self, trial: FrozenTrial) -> tuple[tuple[str, int], ...]:
-        return space.config_key(space.config_from_params(self.family, trial.params,
+    def _key_of(self, trial: FrozenTrial) -> ConfigKey:
+        return config_key(space.config_from_params(self.family, trial.params,
                                                          trial.distributions))
 
     def _learn(self, changes: Changes) -> None:
@@ -308,7 +305,7 @@ class _StudyRun:
         return [t for t in self.shared.others_open.values()
                 if t.state == TrialState.RUNNING or self.shared.claims]
 
-    def _others_busy(self) -> set[tuple[tuple[str, int], ...]]:
+    def _others_busy(self) -> set[ConfigKey]:
         return {self._key_of(t) for t in self._others_holding()}
 
     # ---------------------------------------------------------------- recording
@@ -374,9 +371,9 @@ class _StudyRun:
                                      user_attrs={"retry_of": waiting.number})
             trial = self.study.ask(self.distributions)
             config = space.config_from_params(self.family, trial.params)
-            assert space.config_key(config) == key, "the enqueued retry was not asked first"
+            assert config_key(config) == key, "the enqueued retry was not asked first"
             log.info("%s: retrying trial %d of a worker that stopped: %s", self.name,
-                     waiting.number, _config_text(config))
+                     waiting.number, config_text(config))
             self.session.evaluator.prepare(self.family, config)
             self.pending.append(_Pending(trial, config, key, claim=waiting._trial_id,
                                          retry=True))
@@ -385,7 +382,7 @@ class _StudyRun:
         """Ask for one candidate; returns whether it needs measuring (it joined the window)."""
         trial = self.study.ask(self.distributions)
         config = space.config_from_params(self.family, trial.params)
-        key = space.config_key(config)
+        key = config_key(config)
         if key in self.known:
             self._tell_duplicate(trial, self.known[key])
             return False
@@ -404,7 +401,7 @@ class _StudyRun:
             self.known[key] = self._record(trial, config, rejected, datetime.now(timezone.utc),
                                            violation=float(len(reasons)))
             log.debug("trial %d rejected: %s (%s)", self.known[key].number,
-                      _config_text(config), rejected.error)
+                      config_text(config), rejected.error)
             return False
         claim = None
         if self.shared.claims:
@@ -442,7 +439,7 @@ class _StudyRun:
         in_flight = {item.key for item in self.pending}
         if counting_others:
             in_flight |= self._others_busy()
-        return all(space.config_key(c) in self.known or space.config_key(c) in in_flight
+        return all(config_key(c) in self.known or config_key(c) in in_flight
                    for c in self.accepted_all)
 
     def _nudge(self) -> None:
@@ -451,7 +448,7 @@ class _StudyRun:
             return
         in_flight = {item.key for item in self.pending} | self._others_busy()
         fresh = [c for c in self.accepted_all
-                 if space.config_key(c) not in self.known and space.config_key(c) not in in_flight]
+                 if config_key(c) not in self.known and config_key(c) not in in_flight]
         if fresh:
             self.study.enqueue_trial(space.params_from_config(self.family,
                                                               self.nudges.choice(fresh)),
@@ -609,7 +606,7 @@ def _log_trial(number: int, config: dict[str, int], measurement: Measurement,
         gflops = float(measurement.gflops)  # type: ignore[arg-type]
         fraction = f" ({gflops / baseline_gflops:.2f} of cuBLAS)" if baseline_gflops else ""
         log.info("trial %d ok %.0f GFLOP/s%s  %s", number, measurement.gflops, fraction,
-                 _config_text(config))
+                 config_text(config))
     else:
-        log.info("trial %d %s  %s  %s", number, measurement.state, _config_text(config),
+        log.info("trial %d %s  %s  %s", number, measurement.state, config_text(config),
                  (measurement.error or "").splitlines()[0][:200] if measurement.error else "")
