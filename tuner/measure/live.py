@@ -22,7 +22,7 @@ from typing import Any
 
 import kernels
 
-from tuner.lifetime import ignore_sigint
+from tuner.lifetime import child_init
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
 from tuner.measure.resources import summarize
 from tuner.problem import Problem, config_key
@@ -67,8 +67,9 @@ class ChildFault(RuntimeError):
 # ------------------------------------------------------------------ the GPU child process
 
 
-def _child_main(conn: Connection, backend: str, device: int, options: dict[str, Any]) -> None:
-    ignore_sigint()
+def _child_main(conn: Connection, backend: str, device: int, options: dict[str, Any],
+                parent_pid: int) -> None:
+    child_init(parent_pid)
     try:
         gpu = backend_module(backend)
         reason = gpu.probe()
@@ -119,7 +120,8 @@ class GpuChild:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_child_main, args=(child, self.backend, self.device, self.options),
+            target=_child_main,
+            args=(child, self.backend, self.device, self.options, os.getpid()),
             name=f"gemmtune-gpu{self.device}", daemon=True,
         )
         self.process.start()
@@ -227,7 +229,7 @@ class CompilePool:
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                initializer=ignore_sigint,
+                initializer=child_init, initargs=(os.getpid(),),
             )
         return self._executor.submit(_compile_job, _family_ref(family), dict(config), self.arch,
                                      self.cache_dir)
