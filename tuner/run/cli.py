@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
@@ -29,24 +29,23 @@ log = logging.getLogger("tuner")
 _SHAPES_HELP = ", ".join(p.shape for p in DEFAULT_SHAPES)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a positive integer")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive; give a positive integer")
-    return value
+def _int_at_least(minimum: int, wanted: str, too_small: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum; the errors say what was given and ``wanted``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give {wanted}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} {too_small}; give {wanted}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give 0 or more")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
-    return value
+_positive_int = _int_at_least(1, "a positive integer", "is not positive")
+_non_negative_int = _int_at_least(0, "0 or more", "is negative")
 
 
 def _positive_seconds(text: str) -> float:

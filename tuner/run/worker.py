@@ -25,6 +25,7 @@ from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAG
                                Options, SearchOptions, WorkerOptions)
 from tuner.run.tune import (Stores, new_session, open_stores, recorded_families, register_gpu,
                             start_live)
+from tuner.search.fleet import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -46,35 +47,17 @@ class _JobStop:
         self.worker_stop.request()
 
 
-class _Heartbeat:
-    """A thread that refreshes the job's heartbeat every `interval` seconds until stopped."""
+def _job_beat(database: Any, job_id: int, worker: str, stop: _JobStop) -> Callable[[], None]:
+    """One refresh of the job's heartbeat (for tuner.search.fleet.Heartbeat's thread, which logs
+    a failed one and tries again next time); a lost job stops its studies."""
 
-    def __init__(self, database: Any, job_id: int, worker: str, interval: float,
-                 stop: _JobStop) -> None:
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-job-{job_id}",
-                                        args=(database, job_id, worker, interval, stop),
-                                        daemon=True)
+    def beat() -> None:
+        if not stop.lost.is_set() and not database.heartbeat_job(job_id, worker):
+            log.warning("job %d: another worker took it over (our heartbeat went stale); "
+                        "stopping after the trial in hand", job_id)
+            stop.lost.set()
 
-    def _beat(self, database: Any, job_id: int, worker: str, interval: float,
-              stop: _JobStop) -> None:
-        while not self._done.wait(interval):
-            try:
-                if not database.heartbeat_job(job_id, worker):
-                    log.warning("job %d: another worker took it over (our heartbeat went "
-                                "stale); stopping after the trial in hand", job_id)
-                    stop.lost.set()
-                    return
-            except Exception as error:  # a database hiccup: try again next beat
-                log.warning("job %d: heartbeat failed: %s", job_id, error)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
+    return beat
 
 
 @dataclasses.dataclass
@@ -155,7 +138,8 @@ class Worker:
         started = time.monotonic()
         summary = None
         try:
-            with _Heartbeat(self.database, job.id, self.name, self.stores.heartbeat_s, job_stop):
+            with Heartbeat(self.stores.heartbeat_s,
+                           [_job_beat(self.database, job.id, self.name, job_stop)]):
                 summary = self._tune(job, problem, families, job_stop)
         except KeyboardInterrupt:  # a second Ctrl-C: hand the job back before going
             self._release(job, "its worker was aborted")
