@@ -1,8 +1,8 @@
 """The one interface the search loop measures through.
 
-Implementations: ``tuner.measure.live.LiveEvaluator`` (compile pool + GPU child process) and
-``tuner.measure.testing.StandInEvaluator`` (an analytic model for CPU tests). A replay of a recording
-fits the same interface in one more module.
+Implementations: ``tuner.measure.live.LiveEvaluator`` (compile pool + GPU child process),
+``tuner.measure.replay.ReplayEvaluator`` (answers from a recording) and
+``tuner.measure.testing.StandInEvaluator`` (an analytic model for CPU tests).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recordings: every measured result of a sweep over kernel configs, kept in one small file.
 
-A recording lets the tuner run without a GPU (``tuner.measure.replay``) and lets a search strategy be
-judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
+A recording lets the tuner run without a GPU (``tuner.measure.replay``) and lets a search
+strategy be judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
 
 File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout::
 

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 import kernels
 
 from tuner.measure.evaluator import Baseline, Measurement
-from tuner.measure.recording import FamilyHeader, Recording, RecordingError, load, missing_measurement
+from tuner.measure.recording import (FamilyHeader, Recording, RecordingError, load,
+                                     missing_measurement)
 from tuner.measure.resources import Resources, Usage
 from tuner.problem import Problem
 

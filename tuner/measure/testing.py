@@ -133,8 +133,8 @@ class GpuFault(RuntimeError):
 
 
 class GpuBench:
-    """Stand-in for tuner.measure.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a kernel
-    name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
+    """Stand-in for tuner.measure.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a
+    kernel name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
     (never answer), "exit" (the process dies), "launch_error" or "wrong" (answered as such)."""
 
     def __init__(self, device: int = 0, faults: dict[str, str] | None = None) -> None:

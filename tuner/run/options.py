@@ -1,4 +1,4 @@
-"""What ``python -m tuner`` was told, parsed at the edge (``tuner.run.cli``) into small frozen parts.
+"""What ``python -m tuner`` was told, parsed at the edge (tuner.run.cli) into small frozen parts.
 
 Each part goes only where it is used: the budget to the studies, the store settings to what
 opens the results database and the Optuna storage, the evaluator settings to what starts the

@@ -2,8 +2,8 @@
 
 A job (db.Job, queued by the API) names a GPU model, a problem, optionally the families and a
 budget. The worker claims the oldest job for its model (db.Database.claim_job: two workers never
-get the same one), runs the normal studies for it (tuner.run.session.tune_all) and marks it done or
-failed with the reason. While a job runs, a thread refreshes its heartbeat; a job whose worker
+get the same one), runs the normal studies for it (tuner.run.session.tune_all) and marks it done
+or failed with the reason. While a job runs, a thread refreshes its heartbeat; a job whose worker
 died (no heartbeat for --stale-after seconds) is claimed again by the next worker. The first
 Ctrl-C or SIGTERM ends the trial in hand, puts the job back in the queue and exits with 130.
 """

@@ -55,8 +55,9 @@ class Changes:
 class SharedStudy:
     """One worker's handle on a stored study."""
 
-    def __init__(self, storage: BaseStorage, name: str, *, key_of: Callable[[FrozenTrial], ConfigKey],
-                 claims: bool, stale_check_every_s: float) -> None:
+    def __init__(self, storage: BaseStorage, name: str, *,
+                 key_of: Callable[[FrozenTrial], ConfigKey], claims: bool,
+                 stale_check_every_s: float) -> None:
         self.storage = storage
         self.key_of = key_of  # a stored trial's config identity (params hold positions)
         self.study = optuna.create_study(storage=storage, study_name=name, direction="maximize",

@@ -82,8 +82,8 @@ class Session:
     # Several workers on one study (README, "Several workers"): register each candidate in the
     # storage before measuring it. Needs a storage made by tuner.run.storage.open_storage.
     claim_trials: bool = False
-    # The default sampler's start-up (tuner.search.prior) may compile this many configs to read their
-    # registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers only.
+    # The default sampler's start-up (tuner.search.prior) may compile this many configs to read
+    # their registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers.
     prior_compiles: int = prior.MAX_COMPILES
     compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
@@ -199,7 +199,7 @@ class _StudyRun:
         self.distributions = space.distributions(family)  # positions: see tuner.search.space
         self.arch = session.evaluator.arch()
         self.accepted_all = _accepted_configs(family, self.arch)
-        # the default sampler's geometry groups (tuner.search.prior), shared by its start-up and model
+        # the default sampler's geometry groups (tuner.search.prior), for its start-up and model
         self.groups = (prior.group_configs(family, self.accepted_all, problem.m, problem.n,
                                            problem.k)
                        if session.sampler == "default" and self.accepted_all is not None
