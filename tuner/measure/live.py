@@ -226,6 +226,9 @@ class CompilePool:
         self._executor: ProcessPoolExecutor | None = None
 
     def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
+        # The executor starts its processes here, from the calling thread, and each one's
+        # parent-death signal is tied to that thread (tuner.lifetime): submit from a thread
+        # that lives as long as the pool (the tuner's main thread does).
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=mp.get_context("spawn"),
