@@ -64,7 +64,7 @@ def measure(kind: str, m: int, n: int, k: int, seed: int = 0, device: int = 0,
     """Errors of cuBLAS FP32 and each family on one problem of one input kind."""
     import cupy as cp
 
-    from tuner.gpu import Cublas
+    from tuner.measure.gpu import Cublas
 
     a, b = make_inputs(kind, m, n, k, seed)
     with cp.cuda.Device(device):
@@ -117,7 +117,7 @@ def main() -> int:
         import cupy  # noqa: F401
     except ImportError:
         parser.error("needs CuPy (the GPU host has it) for its float64 reference")
-    from tuner.gpu import GpuBench
+    from tuner.measure.gpu import GpuBench
 
     gpu = GpuBench(args.gpu).info()
     rows = [measure(kind, args.size, args.size, k, args.seed, args.gpu, configs)

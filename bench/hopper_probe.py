@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--no-checks", action="store_true", help="skip the correctness checks")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from tuner.gpu import GpuBench
+    from tuner.measure.gpu import GpuBench
 
     rng = random.Random(0)
     rasters = {int(x) for x in args.rasters.split(",")}

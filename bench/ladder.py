@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import FAMILIES, compile_config, get_family, occupancy  # noqa: E402
-from tuner.gpu import GpuBench  # noqa: E402
+from tuner.measure.gpu import GpuBench  # noqa: E402
 
 
 def _compile(job):

@@ -10,8 +10,8 @@
 
 For every (family, shape) of every recording in tests/data/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
-sampler the tuner offers runs the tuner's own search loop (``tuner.search.run_study`` with
-``tuner.samplers.make_sampler``) against the replay evaluator, once per seed, from a cold start
+sampler the tuner offers runs the tuner's own search loop (``tuner.search.study.run_study`` with
+``tuner.search.samplers.make_sampler``) against the replay evaluator, once per seed, from a cold start
 (no warm-start configs: a new GPU or shape). A run stops when it has measured a config within
 1% of the optimum, or at ``--max-evals``.
 
@@ -44,10 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tuner.measure.recording import Recording, load  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.recording import Recording, load  # noqa: E402
 from tuner.report import format_table  # noqa: E402
-from tuner.samplers import SAMPLERS, missing_packages  # noqa: E402
+from tuner.search.samplers import SAMPLERS, missing_packages  # noqa: E402
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 COSTLESS = ("rejected", "missing")
@@ -109,9 +109,9 @@ def run_one(job: Job) -> dict[str, Any]:
     import db
     import optuna
 
-    from tuner.interrupt import StopRequest
-    from tuner.replay import ReplayEvaluator
-    from tuner.search import Budget, Session, run_study
+    from tuner.lifetime import StopRequest
+    from tuner.measure.replay import ReplayEvaluator
+    from tuner.search.study import Budget, Session, run_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("tuner").setLevel(logging.ERROR)

@@ -13,7 +13,6 @@ Prints the table, the geometric mean of the ratios and the issue's targets; writ
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import multiprocessing
@@ -35,10 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 import db  # noqa: E402
 import kernels  # noqa: E402
-from tuner import gpu as gpu_bench  # noqa: E402  (its timing constants, for the record)
-from tuner.cli import BACKEND_ENV  # noqa: E402
+from tuner.measure import gpu as gpu_bench  # noqa: E402  (its timing constants, for the record)
+from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, backend_module  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import config_text, format_table  # noqa: E402
+from tuner.run.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 SUITE: tuple[Problem, ...] = tuple(parse_shape(s) for s in (
     "1024x1024x1024", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "4096x4096x1024",
@@ -56,7 +56,6 @@ METHOD = ("tuner.gpu.GpuBench in one process: CUDA events around each launch, wa
           "DGEMM reference first; cuBLAS = cublasGemmEx FP32 with CUBLAS_COMPUTE_32F (no TF32), "
           "and each candidate measured in two interleaved passes (cuBLAS, candidates, cuBLAS, "
           "candidates), each side's faster median used; both timed with alpha=1, beta=0.")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 # ---------------------------------------------------------------- arguments
@@ -436,8 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (db.StorageError, db.InvalidInputError) as error:
         print(f"bench/speed.py: cannot use the results database: {error}", file=sys.stderr)
         return EXIT_USAGE
-    backend_name = os.environ.get(BACKEND_ENV) or "tuner.gpu"
-    backend = importlib.import_module(backend_name)
+    backend_name = os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
+    backend = backend_module(backend_name)
     reason = backend.probe()
     if reason is not None:
         print(f"bench/speed.py: no usable GPU {args.gpu}: {reason}", file=sys.stderr)

@@ -11,12 +11,13 @@ from .jobs import (JOB_BUDGET_LIMITS, JOB_ORIGINS, MAX_JOB_ATTEMPTS, Job,
 from .queries import log2_distance
 from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, NearestProblem,
                       OverviewCell, Problem, Run, Trial, TrialRecord)
+from .records import TRIAL_RESULT, ResultField  # the one definition of a trial's result
 from .states import DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
 from .urls import default_url, resolve_url
 
 __all__ = [
     "Database", "open_database", "default_url", "resolve_url",
-    "GpuInfo", "TrialRecord",
+    "GpuInfo", "TrialRecord", "TRIAL_RESULT", "ResultField",
     "Gpu", "Problem", "FamilyVersion", "Run", "Trial", "Baseline", "BestResult",
     "NearestProblem", "OverviewCell",
     "TRIAL_STATES", "RUN_STATES", "DTYPES", "LAYOUTS",

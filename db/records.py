@@ -50,9 +50,43 @@ def _check_optional_number(name: str, value: float | None, *, positive: bool = F
         raise bad_value(name, value, "a positive number or None" if positive else ">= 0 or None")
 
 
+# ---------------------------------------------------------------- a trial's result
+
+
+@dataclass(frozen=True)
+class ResultField:
+    """One field of what a measured trial reports: name, type as stored, unit, meaning."""
+
+    name: str
+    type: type
+    unit: str
+    meaning: str
+
+
+# The one definition of a trial's result, in this order. TrialRecord and Trial carry these
+# fields; the tuner's Measurement and recording format and the API's TrialOut are held against
+# this table by tests/test_trial_result.py. "state" is always set, every other field may be None.
+TRIAL_RESULT: tuple[ResultField, ...] = (
+    ResultField("state", str, "", "one of TRIAL_STATES"),
+    ResultField("error", str, "", "why the trial is not ok (compiler log, exception text, ...)"),
+    ResultField("compile_seconds", float, "s", "NVRTC compile wall time"),
+    ResultField("registers", int, "per thread", "registers of the main kernel (ptxas)"),
+    ResultField("shared_bytes", int, "bytes per block", "shared memory, static + dynamic"),
+    ResultField("spill_bytes", int, "bytes per thread", "spill stores + loads (ptxas)"),
+    ResultField("occupancy", float, "fraction, 0..1", "theoretical occupancy of the main kernel"),
+    ResultField("time_min_ms", float, "ms", "fastest timed launch"),
+    ResultField("time_median_ms", float, "ms", "median timed launch (the objective)"),
+    ResultField("time_max_ms", float, "ms", "slowest timed launch"),
+    ResultField("launches", int, "count", "timed launches"),
+    ResultField("gflops", float, "GFLOP/s", "2·m·n·k over the median time"),
+    ResultField("sm_clock_mhz", int, "MHz", "SM clock during timing"),
+)
+
+
 @dataclass(frozen=True)
 class TrialRecord:
-    """One evaluated config, as the tuner reports it to `Database.add_trial`."""
+    """One evaluated config, as the tuner reports it to `Database.add_trial`: number and
+    params, then the fields of TRIAL_RESULT, then when it started."""
 
     number: int  # order within the run, from 0; unique per run
     params: dict[str, int]
@@ -245,6 +279,7 @@ class OverviewCell:
 
 
 __all__ = [
+    "ResultField", "TRIAL_RESULT",
     "GpuInfo", "TrialRecord", "Gpu", "Problem", "FamilyVersion", "Run", "Trial", "Baseline",
     "BestResult", "NearestProblem", "OverviewCell",
 ]

@@ -17,7 +17,7 @@ from api.reads import MAX_DIM
 
 SHAPE = (256, 256, 256)
 OTHER = (512, 512, 512)
-CUBLAS = 18_000.0  # tuner.testing.STANDIN_CUBLAS_GFLOPS
+CUBLAS = 18_000.0  # tuner.measure.testing.STANDIN_CUBLAS_GFLOPS
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Shared by the API, dashboard and load tests: a results database written by the tuner's own code.
 
-Holds no tests itself. `tune_into` drives `tuner.search.run_study` (the real search loop, Optuna
-and all) with `tuner.testing.StandInEvaluator`, which plants failures for some configs, so the
+Holds no tests itself. `tune_into` drives `tuner.search.study.run_study` (the real search loop, Optuna
+and all) with `tuner.measure.testing.StandInEvaluator`, which plants failures for some configs, so the
 database holds exactly what a real tuning session would write: runs, ok/rejected/failed trials,
 cuBLAS baselines, Optuna's tables beside ours.
 """
@@ -45,9 +45,9 @@ def tune_into(
 ) -> Tuned:
     """Run one short search per (family, (m, n, k)) on the stand-in GPU, recording into `url`."""
     import optuna
+    from tuner.measure.testing import StandInEvaluator
     from tuner.problem import Problem
-    from tuner.search import Budget, Session, run_study
-    from tuner.testing import StandInEvaluator
+    from tuner.search.study import Budget, Session, run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     database = db.open_database(url)

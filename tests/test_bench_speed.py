@@ -18,8 +18,8 @@ import db
 import kernels
 import pytest
 
+from tuner.measure.testing import STANDIN_CUBLAS_GFLOPS, GpuBench as StandInBench
 from tuner.problem import Problem
-from tuner.testing import STANDIN_CUBLAS_GFLOPS, GpuBench as StandInBench
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEED = ROOT / "bench" / "speed.py"
@@ -250,9 +250,9 @@ def test_on_a_real_gpu_one_small_problem_end_to_end(tmp_path):
 
 def test_a_failing_problem_becomes_a_noted_row_and_a_gpu_fault_stops_the_run():
     """A bench that runs out of memory on one shape and loses its context on another (planted,
-    as tuner.testing plants faults)."""
+    as tuner.measure.testing plants faults)."""
     speed = load_speed()
-    from tuner.testing import GpuFault
+    from tuner.measure.testing import GpuFault
 
     class PlantedBench(StandInBench):
         def set_problem(self, m: int, n: int, k: int) -> None:

@@ -459,7 +459,7 @@ def test_entrypoint_runs_a_package_module_with_options_it_accepts(dockerfile, he
                 flag = word.partition("=")[0]
                 assert flag in offered, f"{dockerfile.name}: `python -m {module}` has no option {flag} ({args})"
         if module == "tuner":  # its parser is public: check the values too
-            from tuner.cli import parse_args
+            from tuner.run.cli import parse_args
 
             parse_args(args)
 

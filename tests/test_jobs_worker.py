@@ -21,7 +21,8 @@ from fastapi.testclient import TestClient
 import db
 from api import create_app
 from db.testing import BACKENDS, PG_MISSING, postgres_available, scratch_url
-from tuner.cli import EXIT_INTERRUPTED, EXIT_OK, main
+from tuner.run.cli import main
+from tuner.run.options import EXIT_INTERRUPTED, EXIT_OK
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "tests/data/recordings/h100-warptile-vectorized.json.gz"

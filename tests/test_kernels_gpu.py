@@ -25,7 +25,7 @@ CONFIGS_PER_FAMILY = 6
 
 @pytest.fixture(scope="module")
 def bench():
-    from tuner.gpu import GpuBench
+    from tuner.measure.gpu import GpuBench
 
     return GpuBench(0)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import kernels
 
+from tuner.measure.record import record_with_evaluator
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.record import record_with_evaluator
-from tuner.testing import StandInEvaluator
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_efficiency.py"
 

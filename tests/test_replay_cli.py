@@ -12,12 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from tuner.cli import EXIT_OK, EXIT_USAGE, main
+from tuner.measure.record import record_with_evaluator
+from tuner.measure.recording import load
+from tuner.measure.replay import ReplayEvaluator
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.record import record_with_evaluator
-from tuner.recording import load
-from tuner.replay import ReplayEvaluator
-from tuner.testing import StandInEvaluator
+from tuner.run.cli import main
+from tuner.run.options import EXIT_OK, EXIT_USAGE
 
 NAIVE = kernels.FAMILIES["naive"]
 SMEM = kernels.FAMILIES["smem"]

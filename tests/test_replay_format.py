@@ -12,10 +12,10 @@ from pathlib import Path
 import kernels
 import pytest
 
+from tuner.measure.record import choose_configs, parse_grid, record_with_evaluator
+from tuner.measure.recording import RESULT_FIELDS, RecordingError, from_json, load
+from tuner.measure.testing import StandInEvaluator, model_gflops
 from tuner.problem import Problem
-from tuner.record import choose_configs, parse_grid, record_with_evaluator
-from tuner.recording import RESULT_FIELDS, RecordingError, from_json, load
-from tuner.testing import StandInEvaluator, model_gflops
 
 NAIVE = kernels.FAMILIES["naive"]
 BLOCKTILE1D = kernels.FAMILIES["blocktile1d"]

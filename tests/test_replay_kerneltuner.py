@@ -10,18 +10,18 @@ import db
 import kernels
 import pytest
 
-from tuner.cli import main as tuner_main
-from tuner.kerneltuner import (
+from tuner.run.cli import main as tuner_main
+from tuner.measure.kerneltuner import (
     INVALIDITY,
     KernelTunerFormatError,
     cache_from_recording,
     main,
     recording_from_cache,
 )
+from tuner.measure.record import record_with_evaluator
+from tuner.measure.recording import load
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.record import record_with_evaluator
-from tuner.recording import load
-from tuner.testing import StandInEvaluator
 
 NAIVE = kernels.FAMILIES["naive"]
 P = Problem(256, 512, 128)

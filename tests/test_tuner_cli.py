@@ -12,10 +12,11 @@ import db
 import kernels
 import pytest
 
-from tuner.cli import parse_args, tune
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import DEFAULT_SHAPES, Problem
-from tuner.samplers import missing_packages
-from tuner.testing import StandInEvaluator
+from tuner.run.cli import parse_args
+from tuner.run.tune import tune
+from tuner.search.samplers import missing_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,7 @@ def test_bad_input_through_the_command_stores_nothing(tmp_path):
 
 
 def test_without_a_gpu_the_command_says_so_and_stores_nothing(tmp_path):
-    from tuner.gpu import probe
+    from tuner.measure.gpu import probe
 
     if probe() is None:
         pytest.skip("this machine has a usable GPU")
@@ -213,7 +214,7 @@ def test_ctrl_c_on_the_whole_command_stops_between_trials_and_marks_the_run(tmp_
 
 
 def test_the_start_up_prior_compiles_into_the_cache_folder_given(tmp_path, monkeypatch):
-    # The default sampler's static prior compiles its candidates (tuner.prior); with --cache
+    # The default sampler's static prior compiles its candidates (tuner.search.prior); with --cache
     # they belong in that folder, not in the kernels' default one.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("GEMMTUNE_CACHE", "")

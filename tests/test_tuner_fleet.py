@@ -26,14 +26,15 @@ import pytest
 from db.testing import postgres_available, scratch_url
 from optuna.trial import TrialState
 
-from tuner import space
-from tuner.cli import EXIT_OK, EXIT_USAGE, main
+from tuner.measure.record import record_with_evaluator
+from tuner.measure.replay import ReplayEvaluator
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.record import record_with_evaluator
-from tuner.replay import ReplayEvaluator
-from tuner.search import study_name
-from tuner.storage import open_storage
-from tuner.testing import StandInEvaluator
+from tuner.run.cli import main
+from tuner.run.options import EXIT_OK, EXIT_USAGE
+from tuner.run.storage import open_storage
+from tuner.search import space
+from tuner.search.study import study_name
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILY = kernels.FAMILIES["naive"]
@@ -50,7 +51,7 @@ needs_pg = pytest.mark.skipif(not postgres_available(),
 # and slowed down.
 WORKER = textwrap.dedent("""
     import json, sys, time
-    import tuner.replay as replay
+    import tuner.measure.replay as replay
     log_path, delay = sys.argv[1], float(sys.argv[2])
     recorded = replay.ReplayEvaluator.evaluate
 
@@ -61,7 +62,7 @@ WORKER = textwrap.dedent("""
         return recorded(self, family, config, problem)
 
     replay.ReplayEvaluator.evaluate = evaluate
-    from tuner.cli import main
+    from tuner.run.cli import main
     sys.exit(main(sys.argv[3:]))
 """)
 
@@ -176,7 +177,7 @@ def test_three_workers_share_a_study_and_a_killed_workers_trial_is_retried(recor
 def test_workers_opening_a_fresh_postgresql_storage_at_once_all_succeed(tmp_path):
     opener = textwrap.dedent("""
         import sys
-        from tuner.storage import open_storage
+        from tuner.run.storage import open_storage
         open_storage(sys.argv[1], heartbeat_s=1, stale_after_s=4)
     """)
     with scratch_url("postgresql", tmp_path) as url:

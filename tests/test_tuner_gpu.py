@@ -8,12 +8,12 @@ import kernels
 import optuna
 import pytest
 
-from tuner.live import LiveEvaluator
+from tuner.measure.live import LiveEvaluator
+from tuner.measure.testing import (PLANTED_COMPILE_ERROR, PLANTED_ILLEGAL_ADDRESS,
+                                   PLANTED_INFINITE_LOOP, PLANTED_OK, PlantedFamily)
 from tuner.problem import Problem
-from tuner.search import Budget, Session, run_study
-from tuner.session import tune_all
-from tuner.testing import (PLANTED_COMPILE_ERROR, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP,
-                           PLANTED_OK, PlantedFamily)
+from tuner.run.session import tune_all
+from tuner.search.study import Budget, Session, run_study
 
 pytestmark = pytest.mark.gpu
 

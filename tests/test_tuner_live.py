@@ -1,5 +1,5 @@
 """The live evaluator's machinery on CPU: real NVRTC compiles in the spawn pool, a real GPU
-child process — running the stand-in bench (tuner.testing) instead of tuner.gpu — that faults,
+child process — running the stand-in bench (tuner.measure.testing) instead of tuner.measure.gpu — that faults,
 hangs and dies, and is replaced each time."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import kernels
 import optuna
 import pytest
 
-from tuner.live import GpuUnavailable, LiveEvaluator
+from tuner.measure.live import GpuUnavailable, LiveEvaluator
+from tuner.measure.testing import (PLANTED_COMPILE_ERROR, PLANTED_ILLEGAL_ADDRESS,
+                                   PLANTED_INFINITE_LOOP, PLANTED_OK, PlantedFamily)
 from tuner.problem import Problem
-from tuner.search import Budget, Session, run_study
-from tuner.testing import (PLANTED_COMPILE_ERROR, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP,
-                           PLANTED_OK, PlantedFamily)
+from tuner.search.study import Budget, Session, run_study
 
 PLANTED = PlantedFamily()
 SMALL = Problem(64, 48, 32)

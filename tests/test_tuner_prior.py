@@ -1,4 +1,4 @@
-"""The static prior for the default sampler's start-up (tuner/prior.py): its mechanisms on
+"""The static prior for the default sampler's start-up (tuner/search/prior.py): its mechanisms on
 hand-made geometries, its start-up picks on a real H100 recording, and that the sampler
 measures them first."""
 
@@ -11,11 +11,11 @@ import kernels
 import optuna
 import pytest
 
-from tuner import prior, space
-from tuner.problem import Problem
-from tuner.replay import ReplayEvaluator
-from tuner.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
-from tuner.search import _accepted_configs
+from tuner.measure.replay import ReplayEvaluator
+from tuner.problem import Problem, config_key
+from tuner.search import prior, space
+from tuner.search.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search.study import _accepted_configs
 
 H100 = prior.Target(sm_count=132, arch="sm_90")
 RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
@@ -70,7 +70,7 @@ def test_startup_on_the_h100_recording_beats_uniform_picks(shape, compiles, tmp_
     problem = Problem(*shape)
     recording, family, accepted = _recorded(problem)
     _, optimum = recording.optimum("warptile", problem)
-    fraction = {space.config_key(c): recording.result("warptile", problem, c).gflops / optimum
+    fraction = {config_key(c): recording.result("warptile", problem, c).gflops / optimum
                 for c in accepted}
     resources = prior.compiled_usage(family, "sm_90", tmp_path) if compiles else None
     picked = []
@@ -82,9 +82,9 @@ def test_startup_on_the_h100_recording_beats_uniform_picks(shape, compiles, tmp_
         # the best groups in turn, a few members of each (distinct configs)
         assert all(keys.count(key) <= prior.PER_GROUP for key in keys)
         assert keys == sorted(keys, key=keys.index) and len(set(keys)) < len(keys)
-        assert len({space.config_key(c) for c in configs}) == len(configs)
+        assert len({config_key(c) for c in configs}) == len(configs)
         assert all(family.accepts(c) for c in configs)
-        picked += [fraction[space.config_key(c)] for c in configs]
+        picked += [fraction[config_key(c)] for c in configs]
     assert statistics.mean(picked) > statistics.mean(fraction.values()) + 0.08
 
 
@@ -104,11 +104,11 @@ def test_startup_is_seeded_and_compiles_at_most_the_bound():
     assert first == prior.startup_configs(family, accepted, 2048, 2048, 2048, H100, 6, seed=3,
                                           resources=usage, max_compiles=5)
     # a config that does not compile is never picked
-    failing = {space.config_key(c) for c in asked}
+    failing = {config_key(c) for c in asked}
     again = prior.startup_configs(
         family, accepted, 2048, 2048, 2048, H100, 6, seed=3, max_compiles=5,
-        resources=lambda c: None if space.config_key(c) in failing else prior.Usage(128))
-    assert not failing & {space.config_key(c) for c in again}
+        resources=lambda c: None if config_key(c) in failing else prior.Usage(128))
+    assert not failing & {config_key(c) for c in again}
 
 
 def test_the_default_sampler_measures_the_startup_first_then_its_model():
@@ -126,7 +126,7 @@ def test_the_default_sampler_measures_the_startup_first_then_its_model():
         trial.set_user_attr("state", "ok")
         study.tell(trial, float(number))
     assert asked[:3] == chosen  # the prior's picks, in order, then uniform accepted ones
-    assert len({space.config_key(c) for c in asked}) == len(asked)
+    assert len({config_key(c) for c in asked}) == len(asked)
 
 
 def test_a_replay_gives_the_prior_the_recorded_resources():

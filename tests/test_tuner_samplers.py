@@ -1,4 +1,4 @@
-"""The default sampler's pieces over an enumerated space (tuner/samplers.py): TPE drawing its
+"""The default sampler's pieces over an enumerated space (tuner/search/samplers.py): TPE drawing its
 candidates from the accepted configs, the geometry-group step after the start-up, and a start-up
 that warm-start trials do not shorten."""
 
@@ -11,9 +11,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import prior, space
-from tuner.replay import ReplayEvaluator
-from tuner.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
+from tuner.measure.replay import ReplayEvaluator
+from tuner.problem import config_key
+from tuner.search import prior, space
+from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
                             _seen,
                             SearchSpace, make_sampler)
 
@@ -70,7 +71,7 @@ def test_enumerated_tpe_proposes_new_accepted_configs_and_learns(grouped):
                 space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90")),
                 seed=seed, startup_trials=STARTUP_TRIALS)
             asked = _run(sampler, 30)
-            keys = [space.config_key(c) for c in asked]
+            keys = [config_key(c) for c in asked]
             assert len(set(keys)) == len(keys) and all(WARPTILE.accepts(c) for c in asked)
             hits[name] += max(_speed(c) for c in asked) == best
     # within 30 of 602 configs the model finds an optimum in most runs, uniform draws rarely
@@ -79,7 +80,7 @@ def test_enumerated_tpe_proposes_new_accepted_configs_and_learns(grouped):
 
 def test_after_the_startup_every_second_ask_explores_the_best_group(grouped):
     accepted, groups, positions = grouped
-    group_of = {space.config_key(c): key for key, (_, members) in groups.items() for c in members}
+    group_of = {config_key(c): key for key, (_, members) in groups.items() for c in members}
     startup = [space.params_from_config(WARPTILE, c) for c in accepted[:STARTUP_TRIALS]]
     sampler = make_sampler("default", 0, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
@@ -88,16 +89,16 @@ def test_after_the_startup_every_second_ask_explores_the_best_group(grouped):
     steps = 0
     for index in range(STARTUP_TRIALS + 1, len(asked), 2):
         best = max(asked[:index], key=_speed)
-        same = group_of[space.config_key(asked[index])] == group_of[space.config_key(best)]
-        tried = sum(group_of[space.config_key(c)] == group_of[space.config_key(best)]
+        same = group_of[config_key(asked[index])] == group_of[config_key(best)]
+        tried = sum(group_of[config_key(c)] == group_of[config_key(best)]
                     for c in asked[:index])
-        room = len(groups[group_of[space.config_key(best)]][1])
+        room = len(groups[group_of[config_key(best)]][1])
         if tried < min(GROUP_TRIES, room):  # the group step (otherwise TPE, which may agree)
             assert same, (index, tried, room)
             steps += 1
     assert steps >= GROUP_TRIES - 1
     # with GROUP_TRIES of the best group measured, the step gives way to the model
-    best_group = groups[group_of[space.config_key(max(asked, key=_speed))]][1]
+    best_group = groups[group_of[config_key(max(asked, key=_speed))]][1]
     trials = [optuna.trial.create_trial(
         params=space.params_from_config(WARPTILE, c), distributions=space.distributions(WARPTILE),
         value=_speed(c), user_attrs={"state": "ok"}) for c in best_group[:GROUP_TRIES]]

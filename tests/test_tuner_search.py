@@ -9,12 +9,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.interrupt import StopRequest
-from tuner.problem import Problem
-from tuner.search import Budget, Session, run_study, study_name
-from tuner.session import tune_all
-from tuner.space import config_from_params, config_key
-from tuner.testing import StandInEvaluator, model_gflops
+from tuner.lifetime import StopRequest
+from tuner.measure.testing import StandInEvaluator, model_gflops
+from tuner.problem import Problem, config_key
+from tuner.run.session import tune_all
+from tuner.search.space import config_from_params
+from tuner.search.study import Budget, Session, run_study, study_name
 
 NAIVE = kernels.FAMILIES["naive"]
 SMEM = kernels.FAMILIES["smem"]
@@ -71,7 +71,7 @@ def test_a_study_measures_its_budget_records_everything_and_reports_the_best(sto
     assert {t.state for t in study.trials} == {TrialState.COMPLETE}
     stored = {t.number: t for t in study.trials}
     for trial in database.run_history(outcome.run_id):
-        # the study holds positions (tuner.space), the results database the real values
+        # the study holds positions (tuner.search.space), the results database the real values
         assert config_from_params(NAIVE, stored[trial.number].params) == trial.params
         assert stored[trial.number].user_attrs["state"] == trial.state
 
@@ -240,7 +240,7 @@ def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(
 
 @pytest.mark.parametrize("sampler", ["default", "tpe", "random", "cmaes", "gp"])
 def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, sampler):
-    from tuner.samplers import missing_packages
+    from tuner.search.samplers import missing_packages
 
     if missing_packages(sampler):
         pytest.skip(f"--sampler {sampler} needs {missing_packages(sampler)}")
@@ -257,8 +257,8 @@ def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, samp
 def test_the_prior_ranks_enough_startup_configs_for_the_window(store, monkeypatch):
     """With batch candidates in flight, batch - 1 asks come before the start-up's results: the
     prior ranks that many more configs (not left to uniform draws)."""
-    from tuner import prior
-    from tuner.samplers import STARTUP_TRIALS
+    from tuner.search import prior
+    from tuner.search.samplers import STARTUP_TRIALS
 
     counts = []
     real = prior.startup_configs

@@ -9,8 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from tuner import space
-from tuner.samplers import FeasibleSampler, SearchSpace, make_sampler
+from tuner.problem import config_key
+from tuner.search import space
+from tuner.search.samplers import FeasibleSampler, SearchSpace, make_sampler
 
 WARPTILE = kernels.FAMILIES["warptile"]
 BLOCKTILE1D = kernels.FAMILIES["blocktile1d"]
@@ -75,7 +76,7 @@ def test_the_default_sampler_proposes_only_new_accepted_configs():
         trial = study.ask(dists)
         config = space.config_from_params(WARPTILE, trial.params)
         assert WARPTILE.accepts(config), config
-        key = space.config_key(config)
+        key = config_key(config)
         assert key not in seen
         seen.add(key)
         study.tell(trial, float(config["BM"] * config["BN"] + number))  # prefers big tiles
@@ -87,13 +88,13 @@ def test_every_accepted_config_is_proposable_and_the_space_is_then_exhausted():
     then has nothing left to propose (an empty relative sample)."""
     family = kernels.FAMILIES["naive"]
     dists = space.distributions(family)
-    accepted = {space.config_key(c) for c in family.accepted_configs()}
+    accepted = {config_key(c) for c in family.accepted_configs()}
     search_space = SearchSpace(dists, space.feasibility(family, "sm_90"))
     study = _study_with(make_sampler("default", 0, search_space))
     proposed = set()
     for _ in range(len(accepted)):
         trial = study.ask(dists)
-        proposed.add(space.config_key(space.config_from_params(family, trial.params)))
+        proposed.add(config_key(space.config_from_params(family, trial.params)))
         study.tell(trial, 1.0)
     assert proposed == accepted
     sampler = study.sampler

@@ -6,10 +6,10 @@ import kernels
 import optuna
 import pytest
 
+from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.search import Budget, Session, run_study
-from tuner.testing import StandInEvaluator
-from tuner.warmstart import warm_start_configs
+from tuner.search.study import Budget, Session, run_study
+from tuner.search.warmstart import warm_start_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 WITH_POINTS = [f for f in kernels.FAMILIES.values() if f.starting_points]

@@ -1,9 +1,11 @@
-"""GEMM problems the tuner works on: parsing ``MxNxK`` and the documented default set."""
+"""What every part of the tuner names: GEMM problems (parsing ``MxNxK``, the documented default
+set) and a kernel config's identity (``config_key``)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 _SHAPE = re.compile(r"^\s*(-?\d+)\s*[xX×]\s*(-?\d+)\s*[xX×]\s*(-?\d+)\s*$")
 
@@ -54,3 +56,11 @@ def parse_shape(text: str) -> Problem:
             f"bad shape {text!r}: {', '.join(bad)}; every size must be a positive integer"
         )
     return Problem(m, n, k)
+
+
+ConfigKey = tuple[tuple[str, int], ...]
+
+
+def config_key(config: Mapping[str, int]) -> ConfigKey:
+    """A hashable, order-independent identity of a config (``dict[str, int]``)."""
+    return tuple(sorted((name, int(value)) for name, value in config.items()))

@@ -99,11 +99,6 @@ def feasibility(family: Any, arch: str) -> Callable[[Mapping[str, Any]], bool]:
     return feasible
 
 
-def config_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    """A hashable, order-independent identity of a config."""
-    return tuple(sorted((name, int(value)) for name, value in config.items()))
-
-
 def representable(family: Any, config: Mapping[str, Any]) -> bool:
     """Whether ``config`` names exactly the family's parameters with allowed values (e.g. a
     warm-start config from an older version of the family may not)."""

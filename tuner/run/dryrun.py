@@ -8,10 +8,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TextIO
 
-from tuner.live import CompilePool, _Compiled
+from tuner.measure.live import CompilePool, _Compiled
+from tuner.measure.resources import summarize
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
-from tuner.resources import summarize
 
 # Rejection sampling tries per wanted config before a family is taken as (nearly) exhausted.
 _TRIES_PER_CONFIG = 500

@@ -7,8 +7,8 @@ from typing import Any
 
 import db
 
-from tuner import space
 from tuner.problem import Problem
+from tuner.search import space
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,11 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import kernels
+
+from tuner.measure.resources import Resources, Usage
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +68,6 @@ class Target:
     sm_count: int
     arch: str
 
-
-@dataclass(frozen=True)
-class Usage:
-    """Per-thread resources of a config's main kernel (compiled, or estimated)."""
-
-    registers: int
-    shared_static_bytes: int = 0
-    spill_bytes: int = 0
-
-
-Resources = Callable[[Mapping[str, int]], "Usage | None"]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 * ``StandInEvaluator``: an Evaluator whose "GFLOP/s" come from a deterministic analytic model
   over the config, and which can be told to answer wrong_result / crashed / timeout /
   launch_error / compile_error for chosen configs, so the search loop's fault paths run on CPU.
-* ``probe`` / ``GpuFault`` / ``GpuBench``: a stand-in for ``tuner.gpu`` with the same names,
+* ``probe`` / ``GpuFault`` / ``GpuBench``: a stand-in for ``tuner.measure.gpu`` with the same names,
   loadable as the GPU child's backend (``LiveEvaluator(backend="tuner.testing")``), so the
   child-process machinery (timeouts, faults, deaths, replacement) runs on CPU. Its behaviour per
   kernel name comes from the ``faults`` option.
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import kernels
 
-from tuner.evaluator import OK, Baseline, Measurement
+from tuner.measure.evaluator import OK, Baseline, Measurement
 from tuner.problem import Problem
 
 STANDIN_PEAK_GFLOPS = 20_000.0
@@ -129,12 +129,12 @@ def probe() -> str | None:
 
 
 class GpuFault(RuntimeError):
-    """Stand-in for tuner.gpu.GpuFault."""
+    """Stand-in for tuner.measure.gpu.GpuFault."""
 
 
 class GpuBench:
-    """Stand-in for tuner.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a kernel
-    name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
+    """Stand-in for tuner.measure.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a
+    kernel name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
     (never answer), "exit" (the process dies), "launch_error" or "wrong" (answered as such)."""
 
     def __init__(self, device: int = 0, faults: dict[str, str] | None = None) -> None:

@@ -1,8 +1,8 @@
 """The one interface the search loop measures through.
 
-Implementations: ``tuner.live.LiveEvaluator`` (compile pool + GPU child process) and
-``tuner.testing.StandInEvaluator`` (an analytic model for CPU tests). A replay of a recording
-fits the same interface in one more module.
+Implementations: ``tuner.measure.live.LiveEvaluator`` (compile pool + GPU child process),
+``tuner.measure.replay.ReplayEvaluator`` (answers from a recording) and
+``tuner.measure.testing.StandInEvaluator`` (an analytic model for CPU tests).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from tuner.problem import Problem
 
-# Trial states, spelled as in ARCHITECTURE.md.
+# Trial states, spelled as db.TRIAL_STATES (checked by tests/test_trial_result.py).
 OK = "ok"
 REJECTED = "rejected"
 COMPILE_ERROR = "compile_error"
@@ -23,9 +23,12 @@ CRASHED = "crashed"
 MISSING = "missing"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Measurement:
-    """What one evaluation produced; the fields of ``db.TrialRecord`` minus number and params."""
+    """What one evaluation produced: the fields of ``db.TRIAL_RESULT`` (the one definition of
+    a trial's result, with their units), in its order, held against it by
+    tests/test_trial_result.py. Only ``sm_clock_mhz`` is wider here: the clock as measured, which
+    the study rounds to whole MHz when it stores the trial."""
 
     state: str
     error: str | None = None

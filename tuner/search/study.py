@@ -20,13 +20,14 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
-from tuner import prior, space
-from tuner.evaluator import OK, REJECTED, Evaluator, Measurement
-from tuner.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.interrupt import StopRequest
-from tuner.problem import Problem
-from tuner.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
-from tuner.warmstart import warm_start_configs
+from tuner.lifetime import StopRequest
+from tuner.measure.evaluator import OK, REJECTED, Evaluator, Measurement
+from tuner.problem import ConfigKey, Problem, config_key
+from tuner.report import config_text
+from tuner.search import prior, space
+from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
+from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search.warmstart import warm_start_configs
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,10 @@ class Session:
     command: str = "python -m tuner"
     stop: StopRequest = field(default_factory=StopRequest)
     # Several workers on one study (README, "Several workers"): register each candidate in the
-    # storage before measuring it. Needs a storage made by tuner.storage.open_storage.
+    # storage before measuring it. Needs a storage made by tuner.run.storage.open_storage.
     claim_trials: bool = False
-    # The default sampler's start-up (tuner.prior) may compile this many configs to read their
-    # registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers only.
+    # The default sampler's start-up (tuner.search.prior) may compile this many configs to read
+    # their registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers.
     prior_compiles: int = prior.MAX_COMPILES
     compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
@@ -114,7 +115,7 @@ class _Known:
 class _Pending:
     trial: Trial
     config: dict[str, int]
-    key: tuple[tuple[str, int], ...]
+    key: ConfigKey
     alias: bool = False  # same config as an earlier pending candidate: answered from it
     claim: int | None = None  # its RUNNING trial id in the storage (claims on)
     retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
@@ -129,13 +130,13 @@ def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
 
 
 def _known_from_trials(family: Any, trials: list[FrozenTrial]
-                       ) -> dict[tuple[tuple[str, int], ...], _Known]:
-    known: dict[tuple[tuple[str, int], ...], _Known] = {}
+                       ) -> dict[ConfigKey, _Known]:
+    known: dict[ConfigKey, _Known] = {}
     for trial in trials:
         state = trial.user_attrs.get("state")
         if state is None or "duplicate_of" in trial.user_attrs:
             continue
-        key = space.config_key(space.config_from_params(family, trial.params,
+        key = config_key(space.config_from_params(family, trial.params,
                                                         trial.distributions))
         known.setdefault(
             key,
@@ -163,10 +164,6 @@ def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
     return [config for config in configs if not family.reject_reasons(config, arch)]
 
 
-def _config_text(config: dict[str, int]) -> str:
-    return " ".join(f"{name}={value}" for name, value in config.items())
-
-
 @dataclass
 class _Tally:
     """The measured configs of a study and its best so far, fed in trial order."""
@@ -191,7 +188,7 @@ class _StudyRun:
     in-memory copy and writes each finished trial back in one transaction. (Asking and telling
     through an RDB storage costs a commit per parameter and attribute, a quarter second per
     trial on a slow disk, and trials in flight when the process dies never reach the storage.)
-    Before each ask it pulls what other workers stored since (tuner.fleet); with claims on, a
+    Before each ask it pulls what other workers stored since (tuner.search.fleet); with claims on, a
     candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
@@ -199,10 +196,10 @@ class _StudyRun:
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
         self.baseline_gflops = baseline_gflops
         self.name = study_name(session.gpu_name, family, problem)
-        self.distributions = space.distributions(family)  # positions: see tuner.space
+        self.distributions = space.distributions(family)  # positions: see tuner.search.space
         self.arch = session.evaluator.arch()
         self.accepted_all = _accepted_configs(family, self.arch)
-        # the default sampler's geometry groups (tuner.prior), shared by its start-up and model
+        # the default sampler's geometry groups (tuner.search.prior), for its start-up and model
         self.groups = (prior.group_configs(family, self.accepted_all, problem.m, problem.n,
                                            problem.k)
                        if session.sampler == "default" and self.accepted_all is not None
@@ -224,13 +221,13 @@ class _StudyRun:
                                  _seed_for(session.seed, len(history), self.shared.claims),
                                  search_space),
         )
-        self.known: dict[tuple[tuple[str, int], ...], _Known] = {}  # numbered as stored
+        self.known: dict[ConfigKey, _Known] = {}  # numbered as stored
         self.tally = _Tally()
         self.mirrors: dict[int, int] = {}  # others' RUNNING claim id → in-memory trial number
         self._learn(changes)
         if session.warm_start and not history:
             for config in warm_start_configs(session.database, session.gpu_name, family, problem):
-                log.info("%s: warm start with %s", self.name, _config_text(config))
+                log.info("%s: warm start with %s", self.name, config_text(config))
                 self.study.enqueue_trial(space.params_from_config(family, config),
                                          user_attrs={"warm_start": True},
                                          skip_if_exists=True)
@@ -249,7 +246,7 @@ class _StudyRun:
                 for _, members in (self.groups or {}).values()]
 
     def _prior_startup(self) -> list[dict[str, int]]:
-        """The default sampler's start-up, ranked by tuner.prior (positions); [] where the
+        """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the
         space is not enumerated or the GPU's SM count is unknown (uniform start-up then).
         With ``batch`` candidates in flight, the asks made before the start-up's results come
         back take the next picks of the prior's ranking (instead of uniform ones)."""
@@ -269,13 +266,13 @@ class _StudyRun:
             groups=self.groups)
         log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
                  "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
-                 ranking.compile_seconds, "; ".join(_config_text(c) for c in configs))
+                 ranking.compile_seconds, "; ".join(config_text(c) for c in configs))
         return [space.params_from_config(self.family, c) for c in configs]
 
     # ---------------------------------------------------------------- other workers
 
-    def _key_of(self, trial: FrozenTrial) -> tuple[tuple[str, int], ...]:
-        return space.config_key(space.config_from_params(self.family, trial.params,
+    def _key_of(self, trial: FrozenTrial) -> ConfigKey:
+        return config_key(space.config_from_params(self.family, trial.params,
                                                          trial.distributions))
 
     def _learn(self, changes: Changes) -> None:
@@ -308,7 +305,7 @@ class _StudyRun:
         return [t for t in self.shared.others_open.values()
                 if t.state == TrialState.RUNNING or self.shared.claims]
 
-    def _others_busy(self) -> set[tuple[tuple[str, int], ...]]:
+    def _others_busy(self) -> set[ConfigKey]:
         return {self._key_of(t) for t in self._others_holding()}
 
     # ---------------------------------------------------------------- recording
@@ -374,9 +371,9 @@ class _StudyRun:
                                      user_attrs={"retry_of": waiting.number})
             trial = self.study.ask(self.distributions)
             config = space.config_from_params(self.family, trial.params)
-            assert space.config_key(config) == key, "the enqueued retry was not asked first"
+            assert config_key(config) == key, "the enqueued retry was not asked first"
             log.info("%s: retrying trial %d of a worker that stopped: %s", self.name,
-                     waiting.number, _config_text(config))
+                     waiting.number, config_text(config))
             self.session.evaluator.prepare(self.family, config)
             self.pending.append(_Pending(trial, config, key, claim=waiting._trial_id,
                                          retry=True))
@@ -385,7 +382,7 @@ class _StudyRun:
         """Ask for one candidate; returns whether it needs measuring (it joined the window)."""
         trial = self.study.ask(self.distributions)
         config = space.config_from_params(self.family, trial.params)
-        key = space.config_key(config)
+        key = config_key(config)
         if key in self.known:
             self._tell_duplicate(trial, self.known[key])
             return False
@@ -404,7 +401,7 @@ class _StudyRun:
             self.known[key] = self._record(trial, config, rejected, datetime.now(timezone.utc),
                                            violation=float(len(reasons)))
             log.debug("trial %d rejected: %s (%s)", self.known[key].number,
-                      _config_text(config), rejected.error)
+                      config_text(config), rejected.error)
             return False
         claim = None
         if self.shared.claims:
@@ -442,7 +439,7 @@ class _StudyRun:
         in_flight = {item.key for item in self.pending}
         if counting_others:
             in_flight |= self._others_busy()
-        return all(space.config_key(c) in self.known or space.config_key(c) in in_flight
+        return all(config_key(c) in self.known or config_key(c) in in_flight
                    for c in self.accepted_all)
 
     def _nudge(self) -> None:
@@ -451,7 +448,7 @@ class _StudyRun:
             return
         in_flight = {item.key for item in self.pending} | self._others_busy()
         fresh = [c for c in self.accepted_all
-                 if space.config_key(c) not in self.known and space.config_key(c) not in in_flight]
+                 if config_key(c) not in self.known and config_key(c) not in in_flight]
         if fresh:
             self.study.enqueue_trial(space.params_from_config(self.family,
                                                               self.nudges.choice(fresh)),
@@ -609,7 +606,7 @@ def _log_trial(number: int, config: dict[str, int], measurement: Measurement,
         gflops = float(measurement.gflops)  # type: ignore[arg-type]
         fraction = f" ({gflops / baseline_gflops:.2f} of cuBLAS)" if baseline_gflops else ""
         log.info("trial %d ok %.0f GFLOP/s%s  %s", number, measurement.gflops, fraction,
-                 _config_text(config))
+                 config_text(config))
     else:
-        log.info("trial %d %s  %s  %s", number, measurement.state, _config_text(config),
+        log.info("trial %d %s  %s  %s", number, measurement.state, config_text(config),
                  (measurement.error or "").splitlines()[0][:200] if measurement.error else "")

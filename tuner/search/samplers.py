@@ -3,7 +3,7 @@
 The default set-up (``--sampler default``) and why each piece is there (measurements in
 bench/NOTES.md, "Search set-up"):
 
-* positions, not categories (``tuner.space``): power-of-two tile sizes are ordered, so the
+* positions, not categories (``tuner.search.space``): power-of-two tile sizes are ordered, so the
   model can learn "128 is good, try 64 and 256".
 * only accepted, not yet measured configs are proposed (``FeasibleSampler``): in the tile
   families 60-97% of the grid breaks a constraint. Told to the model, those rejections
@@ -11,7 +11,7 @@ bench/NOTES.md, "Search set-up"):
   the feasible ones) and the model learns feasibility instead of speed. Drawing proposals until
   one is accepted costs microseconds of CPU and keeps the model about GFLOP/s.
 * a short start-up from the accepted configs — a few members of each of the best geometry
-  groups of the static prior (``tuner.prior``, passed in as ``SearchSpace.startup``), uniform
+  groups of the static prior (``tuner.search.prior``, passed in as ``SearchSpace.startup``), uniform
   where there is none — then multivariate TPE (tile sizes only make sense together) with
   constant liar (a batch of asks in flight spreads out). Warm-start configs (measured first,
   from the database) do not shorten the start-up.
@@ -68,10 +68,10 @@ class SearchSpace:
     distributions: Mapping[str, BaseDistribution]
     feasible: Callable[[Mapping[str, Any]], bool]  # params → the family's constraints accept
     # params (positions) the default measures first, in order, instead of uniform draws
-    # (tuner.prior: a static estimate from geometry and compile-time resources)
+    # (tuner.search.prior: a static estimate from geometry and compile-time resources)
     startup: Sequence[Params] = ()
     # params (positions) of every accepted config, partitioned by geometry
-    # (tuner.prior.group_configs); empty where the space is not enumerated
+    # (tuner.search.prior.group_configs); empty where the space is not enumerated
     groups: Sequence[Sequence[Params]] = ()
 
 

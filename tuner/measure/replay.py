@@ -12,18 +12,17 @@ config the search can propose was recorded.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import kernels
 
-from tuner import prior
-from tuner.evaluator import Baseline, Measurement
+from tuner.measure.evaluator import Baseline, Measurement
+from tuner.measure.recording import (FamilyHeader, Recording, RecordingError, load,
+                                     missing_measurement)
+from tuner.measure.resources import Resources, Usage
 from tuner.problem import Problem
-from tuner.recording import FamilyHeader, Recording, RecordingError, load, missing_measurement
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,10 @@ class ReplayEvaluator:
                         family.source_hash[:12])
         return RecordedFamily(family, header)
 
+    def problems(self) -> list[Problem]:
+        """Every recorded problem, in the recording's order."""
+        return [entry.problem for entry in self.recording.problems]
+
     def families(self) -> list[RecordedFamily]:
         """Every recorded family that the kernels package still has."""
         found = []
@@ -135,20 +138,20 @@ class ReplayEvaluator:
     def close(self) -> None:
         pass
 
-    def compiled_usage(self, family: Any, problem: Problem) -> prior.Resources:
+    def compiled_usage(self, family: Any, problem: Problem) -> Resources:
         """Compile-time resources for the start-up prior as the recording holds them, i.e. from
         the compiler that built the recorded kernels (a local NVRTC of another version may
         allocate a few registers more or less, which moves configs across occupancy steps);
         None for a config that is absent or did not compile."""
 
-        def usage(config: Mapping[str, int]) -> prior.Usage | None:
+        def usage(config: Mapping[str, int]) -> Usage | None:
             result = self.recording.result(family.name, problem, config)
             if result is None or result.registers is None:
                 return None
             main = family.main_launch(dict(config), problem.m, problem.n, problem.k)
-            return prior.Usage(result.registers,
-                               max(0, (result.shared_bytes or 0) - main.shared_bytes),
-                               result.spill_bytes or 0)
+            return Usage(result.registers,
+                         max(0, (result.shared_bytes or 0) - main.shared_bytes),
+                         result.spill_bytes or 0)
 
         return usage
 
@@ -158,32 +161,3 @@ class ReplayEvaluator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def replay_main(args: argparse.Namespace) -> int:
-    """``python -m tuner --replay FILE``: families and shapes default to the recorded ones."""
-    from tuner.cli import EXIT_USAGE, tune
-
-    try:
-        evaluator = ReplayEvaluator.open(args.replay)
-        families = ([evaluator.family(f) for f in args.families] if args.kernel
-                    else evaluator.families())
-    except RecordingError as error:
-        print(f"python -m tuner: --replay: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    recorded = [entry.problem for entry in evaluator.recording.problems]
-    if args.shape:
-        absent = [p.shape for p in args.problems if p not in recorded]
-        if absent:
-            print(f"python -m tuner: --replay: shape(s) {', '.join(absent)} not in the "
-                  f"recording; recorded: {', '.join(p.shape for p in recorded)}",
-                  file=sys.stderr)
-            return EXIT_USAGE
-    else:
-        args.problems = recorded
-    if not families:
-        print("python -m tuner: --replay: the recording holds no current kernel family",
-              file=sys.stderr)
-        return EXIT_USAGE
-    args.families = families
-    with evaluator:
-        return tune(args, evaluator)

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.evaluator import Baseline
+from tuner.measure.evaluator import Baseline
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
-from tuner.search import Budget, Session, StudyOutcome, run_study
+from tuner.search.study import Budget, Session, StudyOutcome, run_study
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Recordings: every measured result of a sweep over kernel configs, kept in one small file.
 
-A recording lets the tuner run without a GPU (``tuner.replay``) and lets a search strategy be
-judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
+A recording lets the tuner run without a GPU (``tuner.measure.replay``) and lets a search
+strategy be judged against the true optimum of the space it searched (``bench/search_efficiency.py``).
 
 File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout::
 
@@ -30,14 +30,14 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.evaluator import MISSING, OK, Baseline, Measurement
+from tuner.measure.evaluator import MISSING, OK, Baseline, Measurement
 from tuner.problem import Problem
 
 FORMAT = "gemmtune-recording"
@@ -48,7 +48,9 @@ VERSION = 1
 RECORDED_STATES = ("ok", "compile_error", "launch_error", "wrong_result", "timeout", "crashed")
 
 # Per (family, problem, config): the measurement exactly as the tuner takes it, then the
-# compile resources. Times in ms, clocks in MHz, shared memory and spills in bytes.
+# compile resources. Times in ms, clocks in MHz, shared memory and spills in bytes. The columns
+# of format version 1, fixed on disk: the fields of db.TRIAL_RESULT (in the file's order) plus
+# rel_error (tests/test_trial_result.py holds them against it; a change is a new version).
 RESULT_FIELDS = (
     "state", "error", "time_min_ms", "time_median_ms", "time_max_ms", "launches", "gflops",
     "sm_clock_mhz", "rel_error", "registers", "shared_bytes", "spill_bytes", "occupancy",
@@ -67,24 +69,15 @@ class RecordingError(ValueError):
 
 
 @dataclass(frozen=True)
-class RecordedResult:
-    state: str
-    error: str | None = None
-    time_min_ms: float | None = None
-    time_median_ms: float | None = None
-    time_max_ms: float | None = None
-    launches: int | None = None
-    gflops: float | None = None
-    sm_clock_mhz: float | None = None
+class RecordedResult(Measurement):
+    """A measurement as a recording keeps it: every field of a Measurement, plus the verified
+    result's relative error (recordings only)."""
+
     rel_error: float | None = None
-    registers: int | None = None
-    shared_bytes: int | None = None
-    spill_bytes: int | None = None
-    occupancy: float | None = None
-    compile_seconds: float | None = None
 
     @property
     def usable(self) -> bool:
+        # A recorded ok needs a positive GFLOP/s only (imported results may lack times).
         return self.state == OK and self.gflops is not None and self.gflops > 0
 
     def row(self) -> list[Any]:
@@ -92,14 +85,7 @@ class RecordedResult:
 
     def measurement(self) -> Measurement:
         """What the tuner's search loop receives: the same fields a live evaluation gives."""
-        return Measurement(
-            state=self.state, error=self.error, compile_seconds=self.compile_seconds,
-            registers=self.registers, shared_bytes=self.shared_bytes,
-            spill_bytes=self.spill_bytes, occupancy=self.occupancy,
-            time_min_ms=self.time_min_ms, time_median_ms=self.time_median_ms,
-            time_max_ms=self.time_max_ms, launches=self.launches, gflops=self.gflops,
-            sm_clock_mhz=self.sm_clock_mhz,
-        )
+        return Measurement(**{f.name: getattr(self, f.name) for f in fields(Measurement)})
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RecordedResult:

@@ -1,60 +1,51 @@
-"""``python -m tuner``: tune kernel families for GEMM shapes on one GPU."""
+"""``python -m tuner``: tune kernel families for GEMM shapes on one GPU.
+
+The edge of the command: the parser, its checks, and the option objects (tuner.run.options)
+the rest of the command is handed; then the dispatch to the entry pieces (tuner.run.tune,
+tuner.run.worker, tuner.run.dryrun). No module past this one sees the parsed namespace.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import shlex
-import socket
 import sys
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Callable, Sequence
 
+from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
-from tuner.samplers import SAMPLERS, missing_packages
+from tuner.run.options import (DEFAULT_DRY_RUN_CONFIGS, DEFAULT_HEARTBEAT_S, DEFAULT_PATIENCE,
+                               DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, DEFAULT_TOTAL_SECONDS,
+                               DEFAULT_TRIALS, EXIT_FAILED, EXIT_OK, BudgetOptions, DryRunOptions,
+                               EvaluatorOptions, Options, SearchOptions, StoreOptions,
+                               WorkerOptions)
+from tuner.search.samplers import SAMPLERS, missing_packages
 
 log = logging.getLogger("tuner")
-
-# With 40 trials and patience 15, the default command took 352 s on an H100 (most studies
-# stopped on patience, those at 4096^3 on time); these leave the time budget below to bind.
-DEFAULT_TRIALS = 80
-DEFAULT_PATIENCE = 25
-# With no --timeout the studies share this much wall time (what is left over from a study that
-# stops early passes to the next), so the default command ends in about 15 minutes including
-# start-up, cuBLAS baselines and references.
-DEFAULT_TOTAL_SECONDS = 780.0
-DEFAULT_DRY_RUN_CONFIGS = 5
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-# For tests only: the module the GPU child measures with. "tuner.testing" is the CPU stand-in,
-# so the whole command (compile pool, child process, signals, database) runs without a GPU.
-BACKEND_ENV = "GEMMTUNE_GPU_BACKEND"
 
 _SHAPES_HELP = ", ".join(p.shape for p in DEFAULT_SHAPES)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a positive integer")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive; give a positive integer")
-    return value
+def _int_at_least(minimum: int, wanted: str, too_small: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum; the errors say what was given and ``wanted``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give {wanted}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} {too_small}; give {wanted}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give 0 or more")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
-    return value
+_positive_int = _int_at_least(1, "a positive integer", "is not positive")
+_non_negative_int = _int_at_least(0, "0 or more", "is negative")
 
 
 def _positive_seconds(text: str) -> float:
@@ -153,17 +144,37 @@ def build_parser() -> argparse.ArgumentParser:
                              "for SQLite, where it costs a few commits per trial)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log a line per trial; twice for debug output")
-    from tuner.worker import add_worker_arguments
-
-    add_worker_arguments(parser, _positive_int, _positive_seconds)
+    _add_worker_arguments(parser)
     return parser
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def _add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "worker", "python -m tuner --worker: take tuning jobs (POST /api/jobs, /api/best?tune=true) "
+                  "for this GPU's model from the results database; --trials, --patience, "
+                  "--sampler, --seed apply where a job does not say")
+    group.add_argument("--worker", action="store_true",
+                       help="run queued tuning jobs for this GPU's model until stopped")
+    group.add_argument("--poll", type=_positive_seconds, default=DEFAULT_POLL_S, metavar="SECONDS",
+                       help="wait between looks at an empty queue (default: %(default)s)")
+    group.add_argument("--once", action="store_true",
+                       help="run the jobs queued now, then exit instead of waiting for more")
+    group.add_argument("--max-jobs", type=_positive_int, default=None, metavar="N",
+                       help="exit after N jobs (default: no limit)")
+    group.add_argument("--heartbeat", type=_positive_seconds, default=DEFAULT_HEARTBEAT_S,
+                       metavar="SECONDS",
+                       help="how often a running job's heartbeat is refreshed (default: %(default)s)")
+    group.add_argument("--stale-after", type=_positive_seconds, default=DEFAULT_STALE_AFTER_S,
+                       metavar="SECONDS",
+                       help="claim a running job whose heartbeat is older than this: its worker "
+                            "died (default: %(default)s; keep it well above --heartbeat on "
+                            "every worker)")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
     """Parses and validates; bad input exits with status 2 before anything is stored."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.argv = None if argv is None else list(argv)
     import kernels
 
     families = []
@@ -173,8 +184,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          f"allowed: {', '.join(kernels.FAMILIES)}")
         if kernels.FAMILIES[name] not in families:
             families.append(kernels.FAMILIES[name])
-    args.families = families or list(kernels.FAMILIES.values())
-    args.problems = list(dict.fromkeys(args.shape)) or list(DEFAULT_SHAPES)
     if args.arch not in kernels.ARCH_LIMITS:
         parser.error(f"argument --arch: unknown architecture {args.arch!r}; "
                      f"allowed: {', '.join(kernels.ARCH_LIMITS)}")
@@ -187,7 +196,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      f"{', '.join(missing)}, which are not installed "
                      f"(pip install {' '.join(missing)}); or choose another of "
                      f"{', '.join(s for s in SAMPLERS if not missing_packages(s))}")
-    return args
+    return _options(args, families or list(kernels.FAMILIES.values()),
+                    sys.argv[1:] if argv is None else list(argv))
+
+
+def _options(args: argparse.Namespace, families: list, words: list[str]) -> Options:
+    """The parsed namespace, split into the parts each piece of the command uses."""
+    return Options(
+        families=families,
+        problems=list(dict.fromkeys(args.shape)) or list(DEFAULT_SHAPES),
+        kernels_named=bool(args.kernel), shapes_named=bool(args.shape),
+        mode="dry-run" if args.dry_run else "worker" if args.worker else "tune",
+        replay=args.replay,
+        command=shlex.join(["python", "-m", "tuner", *words]),
+        verbose=args.verbose,
+        budget=BudgetOptions(trials=args.trials, timeout_s=args.timeout, patience=args.patience),
+        search=SearchOptions(sampler=args.sampler, seed=args.seed),
+        stores=StoreOptions(db_url=args.db,
+                            storage_url=args.storage or os.environ.get("GEMMTUNE_STORAGE") or None,
+                            claim_trials=args.claim_trials, heartbeat_s=args.heartbeat,
+                            stale_after_s=args.stale_after),
+        evaluator=EvaluatorOptions(gpu=args.gpu, cache_dir=_cache_dir(args.cache),
+                                   workers=args.workers, trial_timeout_s=args.trial_timeout,
+                                   backend=os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND),
+        worker=WorkerOptions(poll_s=args.poll, once=args.once, max_jobs=args.max_jobs),
+        dry_run=DryRunOptions(configs=args.dry_run_configs, arch=args.arch),
+    )
+
+
+def _cache_dir(flag: str | None) -> Path | None:
+    chosen = flag or os.environ.get("GEMMTUNE_CACHE")
+    return Path(chosen).expanduser() if chosen else None  # None: kernels' default folder
 
 
 def _configure_logging(verbose: int) -> None:
@@ -199,98 +238,23 @@ def _configure_logging(verbose: int) -> None:
     optuna.logging.set_verbosity(logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
-def cache_dir(args: argparse.Namespace) -> Path | None:
-    chosen = args.cache or os.environ.get("GEMMTUNE_CACHE")
-    return Path(chosen).expanduser() if chosen else None  # None: kernels' default folder
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    _configure_logging(args.verbose)
-    if args.dry_run:
-        from tuner.dryrun import dry_run
-        from tuner.live import default_workers
+    options = parse_args(argv)
+    _configure_logging(options.verbose)
+    if options.mode == "dry-run":
+        from tuner.measure.live import default_workers
+        from tuner.run.dryrun import dry_run
 
-        ok = dry_run(args.families, args.problems[0], arch=args.arch, cache_dir=cache_dir(args),
-                     count=args.dry_run_configs, seed=args.seed,
-                     workers=args.workers or default_workers(), out=sys.stdout)
+        ok = dry_run(options.families, options.problems[0], arch=options.dry_run.arch,
+                     cache_dir=options.evaluator.cache_dir, count=options.dry_run.configs,
+                     seed=options.search.seed,
+                     workers=options.evaluator.workers or default_workers(), out=sys.stdout)
         return EXIT_OK if ok else EXIT_FAILED
+    if options.mode == "worker":
+        from tuner.run.worker import worker_main
 
-    if args.worker:
-        from tuner.worker import worker_main
+        return worker_main(options)
+    from tuner.run.tune import live_main, replay_main
 
-        return worker_main(args)
-    if args.replay:
-        from tuner.replay import replay_main
+    return replay_main(options) if options.replay else live_main(options)
 
-        return replay_main(args)
-    from tuner.live import GpuUnavailable, LiveEvaluator
-
-    try:
-        evaluator = LiveEvaluator(args.gpu, cache_dir=cache_dir(args), workers=args.workers,
-                                  trial_timeout_s=args.trial_timeout,
-                                  backend=os.environ.get(BACKEND_ENV) or "tuner.gpu")
-    except GpuUnavailable as reason:
-        print(f"python -m tuner: no usable GPU {args.gpu}: {reason}\n"
-              "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
-              file=sys.stderr)
-        return EXIT_FAILED
-    except RuntimeError as error:  # e.g. --gpu names a device that does not exist
-        last = str(error).strip().splitlines()[-1:] or ["unknown error"]
-        print(f"python -m tuner: cannot start measuring on GPU {args.gpu}: {last[0]}",
-              file=sys.stderr)
-        return EXIT_FAILED
-    with evaluator:
-        try:
-            return tune(args, evaluator)
-        except KeyboardInterrupt:  # a second Ctrl-C: the runs are already marked interrupted
-            print("python -m tuner: aborted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-
-
-def tune(args: argparse.Namespace, evaluator: Any, *, progress: bool = True) -> int:
-    """Everything after the evaluator exists: open the stores, run the studies, print the table."""
-    import db
-    import optuna
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    from tuner.interrupt import StopRequest
-    from tuner.search import Budget, Session
-    from tuner.session import tune_all
-    from tuner.storage import is_server, open_storage
-
-    try:
-        database = db.open_database(args.db)
-    except (db.StorageError, db.InvalidInputError) as error:
-        print(f"python -m tuner: cannot use the results database: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    storage_url = args.storage or os.environ.get("GEMMTUNE_STORAGE") or database.url
-    try:
-        storage = open_storage(storage_url, heartbeat_s=args.heartbeat,
-                               stale_after_s=args.stale_after)
-    except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
-        print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
-              file=sys.stderr)
-        database.close()
-        return EXIT_USAGE
-    claims = is_server(storage_url) if args.claim_trials is None else args.claim_trials
-
-    with database, StopRequest() as stop, logging_redirect_tqdm():
-        known = {f.name for f in dataclasses.fields(db.GpuInfo)}
-        gpu_info = db.GpuInfo(**{k: v for k, v in evaluator.info().items() if k in known})
-        session = Session(
-            database=database, evaluator=evaluator, storage=storage,
-            gpu_id=database.ensure_gpu(gpu_info), gpu_name=gpu_info.name,
-            sampler=args.sampler, seed=args.seed, batch=getattr(evaluator, "batch", 1),
-            progress=progress, host=socket.gethostname(),
-            command=shlex.join(["python", "-m", "tuner", *(args.argv or sys.argv[1:])]),
-            stop=stop, claim_trials=claims, heartbeat_s=args.heartbeat,
-            stale_after_s=args.stale_after, compile_cache=cache_dir(args),
-        )
-        budget = Budget(trials=args.trials, timeout_s=args.timeout,
-                        patience=args.patience or None)
-        total = None if args.timeout is not None else DEFAULT_TOTAL_SECONDS
-        summary = tune_all(session, args.families, args.problems, budget, total_seconds=total)
-    print()
-    print(summary.table())
-    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

@@ -1,6 +1,6 @@
 """Several tuner processes sharing one study through the Optuna storage.
 
-Each worker searches on an in-memory copy of the study (tuner.search). This module is its view
+Each worker searches on an in-memory copy of the study (tuner.search.study). This module is its view
 of the stored study:
 
 * ``SharedStudy.pull()`` reads what changed in the storage since the last look (trials added
@@ -29,14 +29,15 @@ from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from tuner.problem import ConfigKey
+
 log = logging.getLogger(__name__)
 
-Key = tuple[tuple[str, int], ...]
 OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
 
 
 def heartbeats_on(storage: BaseStorage) -> bool:
-    """Whether the storage keeps trial heartbeats (tuner.storage.open_storage makes such)."""
+    """Whether the storage keeps trial heartbeats (tuner.run.storage.open_storage makes such)."""
     interval = getattr(storage, "get_heartbeat_interval", None)
     return interval is not None and interval() is not None
 
@@ -54,8 +55,9 @@ class Changes:
 class SharedStudy:
     """One worker's handle on a stored study."""
 
-    def __init__(self, storage: BaseStorage, name: str, *, key_of: Callable[[FrozenTrial], Key],
-                 claims: bool, stale_check_every_s: float) -> None:
+    def __init__(self, storage: BaseStorage, name: str, *,
+                 key_of: Callable[[FrozenTrial], ConfigKey], claims: bool,
+                 stale_check_every_s: float) -> None:
         self.storage = storage
         self.key_of = key_of  # a stored trial's config identity (params hold positions)
         self.study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
@@ -133,7 +135,7 @@ class SharedStudy:
         self._start_heartbeat(trial_id)
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
 
-    def claimed_before(self, key: Key, trial_id: int) -> bool:
+    def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
         """Whether another worker holds a claim on the same config with a lower trial id.
         Ids are handed out in commit order, so of two racing claims the later one sees the
         earlier after its pull, and backs off: exactly one of them measures."""

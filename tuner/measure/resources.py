@@ -1,13 +1,27 @@
-"""What a compiled config uses per block and the occupancy that follows (dry run and live)."""
+"""What a compiled config uses: per block with the occupancy that follows (dry run and live),
+and per thread as the search's static prior reads it (compiled, recorded or estimated)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import kernels
 
 from tuner.problem import Problem
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Per-thread resources of a config's main kernel (compiled, or estimated)."""
+
+    registers: int
+    shared_static_bytes: int = 0
+    spill_bytes: int = 0
+
+
+# A config's Usage where known (None: absent, or it does not compile).
+Resources = Callable[[Mapping[str, int]], "Usage | None"]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The live evaluator: NVRTC compiles in a pool of CPU processes, measurement in a GPU child.
 
-The GPU child runs ``tuner.gpu.GpuBench`` (or a stand-in backend with the same names). A
+The GPU child runs ``tuner.measure.gpu.GpuBench`` (or a stand-in backend with the same names). A
 candidate that kills the CUDA context (GpuFault), the child process, or hangs past the timeout
 is recorded as crashed / timeout, and the child is replaced and given the problem again.
 """
@@ -17,21 +17,35 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kernels
 
-from tuner import space
-from tuner.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
-from tuner.interrupt import ignore_sigint
-from tuner.problem import Problem
-from tuner.resources import summarize
+from tuner.lifetime import child_init
+from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
+from tuner.measure.resources import summarize
+from tuner.problem import Problem, config_key
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRIAL_TIMEOUT_S = 30.0
 # Context creation, the float64 reference of a large problem, the cuBLAS baseline.
 SETUP_TIMEOUT_S = 600.0
+
+# What the GPU child measures with: a backend's public name (the value of
+# $GEMMTUNE_GPU_BACKEND and of LiveEvaluator's ``backend``, as README and tests spell it) → its
+# module. Any other name is taken as a module path.
+BACKENDS = {"tuner.gpu": "tuner.measure.gpu", "tuner.testing": "tuner.measure.testing"}
+DEFAULT_BACKEND = "tuner.gpu"
+# For tests only: "tuner.testing" here makes the whole command (compile pool, child process,
+# signals, database) run on the CPU stand-in instead of a GPU.
+BACKEND_ENV = "GEMMTUNE_GPU_BACKEND"
+
+
+def backend_module(name: str) -> ModuleType:
+    """The module behind a backend name: ``probe()``, ``GpuFault`` and ``GpuBench``."""
+    return importlib.import_module(BACKENDS.get(name, name))
 
 
 class GpuUnavailable(RuntimeError):
@@ -53,10 +67,11 @@ class ChildFault(RuntimeError):
 # ------------------------------------------------------------------ the GPU child process
 
 
-def _child_main(conn: Connection, backend: str, device: int, options: dict[str, Any]) -> None:
-    ignore_sigint()
+def _child_main(conn: Connection, backend: str, device: int, options: dict[str, Any],
+                parent_pid: int) -> None:
+    child_init(parent_pid)
     try:
-        gpu = importlib.import_module(backend)
+        gpu = backend_module(backend)
         reason = gpu.probe()
         if reason is not None:
             conn.send(("unavailable", reason))
@@ -105,7 +120,8 @@ class GpuChild:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_child_main, args=(child, self.backend, self.device, self.options),
+            target=_child_main,
+            args=(child, self.backend, self.device, self.options, os.getpid()),
             name=f"gemmtune-gpu{self.device}", daemon=True,
         )
         self.process.start()
@@ -210,10 +226,13 @@ class CompilePool:
         self._executor: ProcessPoolExecutor | None = None
 
     def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
+        # The executor starts its processes here, from the calling thread, and each one's
+        # parent-death signal is tied to that thread (tuner.lifetime): submit from a thread
+        # that lives as long as the pool (the tuner's main thread does).
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                initializer=ignore_sigint,
+                initializer=child_init, initargs=(os.getpid(),),
             )
         return self._executor.submit(_compile_job, _family_ref(family), dict(config), self.arch,
                                      self.cache_dir)
@@ -238,7 +257,7 @@ class LiveEvaluator:
         workers: int | None = None,
         trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
         setup_timeout_s: float = SETUP_TIMEOUT_S,
-        backend: str = "tuner.gpu",
+        backend: str = DEFAULT_BACKEND,
         backend_options: dict[str, Any] | None = None,
     ) -> None:
         self.trial_timeout_s = trial_timeout_s
@@ -274,7 +293,7 @@ class LiveEvaluator:
                         float(result["gflops"]), result.get("sm_clock_mhz"))
 
     def _key(self, family: Any, config: dict[str, int]) -> tuple:
-        return (family.name, family.source_hash, space.config_key(config))
+        return (family.name, family.source_hash, config_key(config))
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         key = self._key(family, config)

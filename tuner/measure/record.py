@@ -1,0 +1,285 @@
+"""``python -m tuner.record``: measure a sweep of configs on the GPU and write a recording.
+
+    python -m tuner.record --family blocktile2d --family vectorized \\
+        --grid vectorized:RASTER=1,8 --shape 2048x2048x2048 --shape 1024x1024x4096 \\
+        --max-configs 500 --seed 0 --out tests/data/recordings/h100.json.gz
+
+Per family the configs are the accepted configs of its grid (all declared values, or those
+``--grid FAMILY:PARAM=v1,v2`` keeps): every one of them when there are at most
+``--max-configs``, else a uniform sample of that many (the file says which). All configs are
+compiled once in a pool of CPU processes; each shape then gets one ``set_problem``, one cuBLAS
+baseline and one measurement per config, in-process with ``tuner.measure.gpu.GpuBench``, exactly as
+the tuner's GPU child measures. A sticky CUDA error is recorded as ``crashed`` and the bench is
+re-created. A recording of the full accepted space is what the search-efficiency benchmark
+needs: then its recorded optimum is the optimum of the space the search sees.
+
+Plan the size: about 0.1-0.3 s per config and shape on an H100 (verification included), so
+2 families x 3 shapes x 400 configs take about 5-8 minutes; ``--time-limit`` stops measuring
+early and writes what was measured (the note in the file says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import kernels
+
+from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, Evaluator
+from tuner.problem import Problem, ShapeError, parse_shape
+from tuner.measure.recording import (
+    FamilyHeader,
+    ProblemRecording,
+    RecordedResult,
+    Recording,
+    Selection,
+)
+
+
+# ------------------------------------------------------------------ choosing the configs
+
+
+def parse_grid(texts: Iterable[str], families: Sequence[Any]) -> dict[str, dict[str, tuple[int, ...]]]:
+    """``["warptile:BK=8,16", …]`` → {family: {param: values}}; raises ValueError naming what
+    is wrong and what is allowed."""
+    by_name = {f.name: f for f in families}
+    narrowed: dict[str, dict[str, tuple[int, ...]]] = {}
+    for text in texts:
+        head, sep, values_text = text.partition("=")
+        family_name, colon, param_name = head.partition(":")
+        if not sep or not colon:
+            raise ValueError(f"--grid {text!r}: expected FAMILY:PARAM=v1,v2,...")
+        family = by_name.get(family_name)
+        if family is None:
+            raise ValueError(f"--grid {text!r}: family {family_name!r} is not swept; swept: "
+                             f"{', '.join(by_name)}")
+        params = {p.name: p for p in family.params}
+        if param_name not in params:
+            raise ValueError(f"--grid {text!r}: {family_name} has no parameter {param_name!r}; "
+                             f"its parameters: {', '.join(params)}")
+        try:
+            values = tuple(int(v) for v in values_text.split(","))
+        except ValueError:
+            raise ValueError(f"--grid {text!r}: values must be integers separated by commas") from None
+        bad = [v for v in values if v not in params[param_name].values]
+        if bad or not values:
+            raise ValueError(f"--grid {text!r}: {bad or 'no values'} not allowed for "
+                             f"{param_name}; allowed: {list(params[param_name].values)}")
+        narrowed.setdefault(family_name, {})[param_name] = tuple(sorted(set(values)))
+    return narrowed
+
+
+def choose_configs(family: Any, grid: dict[str, tuple[int, ...]], max_configs: int,
+                   seed: int, arch: str) -> tuple[FamilyHeader, list[dict[str, int]]]:
+    """The header (grid + how the configs were chosen) and the configs, in enumeration order."""
+    full_grid = {p.name: tuple(grid.get(p.name, p.values)) for p in family.params}
+    accepted = [c for c in family.accepted_configs(arch)
+                if all(c[name] in values for name, values in full_grid.items())]
+    if len(accepted) <= max_configs:
+        chosen, selection = accepted, Selection("full", len(accepted), len(accepted), None)
+    else:
+        picked = set(random.Random(seed).sample(range(len(accepted)), max_configs))
+        chosen = [c for i, c in enumerate(accepted) if i in picked]
+        selection = Selection("sample", len(accepted), max_configs, seed)
+    header = FamilyHeader(family.name, family.source_hash, tuple(p.name for p in family.params),
+                          full_grid, selection)
+    return header, chosen
+
+
+# ------------------------------------------------------------------ any evaluator (tests)
+
+
+def record_with_evaluator(evaluator: Evaluator, families: Sequence[Any],
+                          problems: Sequence[Problem], *, max_configs: int, seed: int = 0,
+                          grid: dict[str, dict[str, tuple[int, ...]]] | None = None,
+                          note: str = "") -> Recording:
+    """A recording made through the Evaluator interface (e.g. the CPU stand-in in tests). The
+    GPU sweep below measures in-process instead, as the task of a recording host is speed."""
+    arch = evaluator.arch()
+    info = evaluator.info()
+    recording = Recording(gpu=info, arch=arch, nvrtc_version=info.get("nvrtc_version"),
+                          families={}, problems=[], note=note)
+    chosen: dict[str, list[dict[str, int]]] = {}
+    for family in families:
+        header, configs = choose_configs(family, (grid or {}).get(family.name, {}),
+                                         max_configs, seed, arch)
+        recording.families[family.name] = header
+        chosen[family.name] = configs
+    for problem in problems:
+        evaluator.set_problem(problem)
+        try:
+            b = evaluator.baseline()
+            baseline = {"library": b.library, "time_median_ms": b.time_median_ms,
+                        "gflops": b.gflops, "sm_clock_mhz": b.sm_clock_mhz}
+        except RuntimeError:
+            baseline = None
+        recording.problems.append(ProblemRecording(problem, baseline))
+        for family in families:
+            for config in chosen[family.name]:
+                m = evaluator.evaluate(family, config, problem)
+                recording.add(family.name, problem, config,
+                              RecordedResult.from_mapping(m.fields()))
+    return recording
+
+
+# ------------------------------------------------------------------ the GPU sweep
+
+
+def _measure(bench: Any, family: Any, config: dict[str, int], problem: Problem,
+             compiled: Any, arch: str) -> RecordedResult:
+    from tuner.measure.resources import summarize
+
+    if compiled.cubin is None:
+        return RecordedResult(state=COMPILE_ERROR, error=compiled.error,
+                              compile_seconds=compiled.seconds)
+    used = summarize(family, config, problem, compiled.resources, arch)
+    common = {"compile_seconds": compiled.seconds, "registers": used.registers,
+              "shared_bytes": used.shared_bytes, "spill_bytes": used.spill_bytes,
+              "occupancy": used.occupancy}
+    m, n, k = problem.m, problem.n, problem.k
+    result = bench.evaluate(compiled.cubin, family.launches(config, m, n, k),
+                            family.workspace_bytes(config, m, n, k), family.flops(m, n, k))
+    return RecordedResult.from_mapping({**result, **common})
+
+
+def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_configs: int,
+              seed: int, grid: dict[str, dict[str, tuple[int, ...]]], device: int = 0,
+              workers: int | None = None, cache_dir: str | None = None,
+              time_limit_s: float | None = None, progress: bool = True,
+              command: str = "") -> Recording:
+    from tqdm import tqdm
+
+    from tuner.measure.gpu import GpuBench, GpuFault
+    from tuner.measure.live import CompilePool, default_workers
+
+    started = time.monotonic()
+    bench = GpuBench(device)
+    arch, info = bench.arch(), bench.info()
+    recording = Recording(gpu=info, arch=arch, nvrtc_version=info.get("nvrtc_version"),
+                          families={}, problems=[], created_at=datetime.now(timezone.utc))
+    jobs: list[tuple[Any, dict[str, int], Any]] = []
+    pool = CompilePool(arch, cache_dir, workers or default_workers())
+    try:
+        for family in families:
+            header, configs = choose_configs(family, grid.get(family.name, {}), max_configs,
+                                             seed, arch)
+            recording.families[family.name] = header
+            print(f"{family.name}: {header.selection.text}", file=sys.stderr)
+            jobs += [(family, config, pool.submit(family, config)) for config in configs]
+
+        total, done, crashes, stopped = len(jobs) * len(problems), 0, 0, None
+        bar = tqdm(total=total, unit="config", disable=not progress, dynamic_ncols=True)
+        for problem in problems:
+            bench.set_problem(problem.m, problem.n, problem.k)
+            base = bench.baseline()
+            recording.problems.append(ProblemRecording(problem, base))
+            bar.set_description(f"{problem.shape} (cuBLAS {base['gflops']:,.0f} GFLOP/s)")
+            for family, config, future in jobs:
+                if time_limit_s is not None and time.monotonic() - started > time_limit_s:
+                    stopped = f"stopped at the time limit ({time_limit_s:g} s)"
+                    break
+                try:
+                    result = _measure(bench, family, config, problem, future.result(), arch)
+                except GpuFault as fault:  # this context is dead: record, start afresh
+                    result = RecordedResult(state=CRASHED, error=f"{fault}; the bench was re-created")
+                    crashes += 1
+                    bench = GpuBench(device)
+                    bench.set_problem(problem.m, problem.n, problem.k)
+                recording.add(family.name, problem, config, result)
+                done += 1
+                bar.update(1)
+            if stopped:
+                break
+        bar.close()
+    finally:
+        pool.close()
+    elapsed = time.monotonic() - started
+    recording.note = (
+        f"python -m tuner.record on {info['name']}: {done} of {total} (family, shape, config) "
+        f"measurements in {elapsed:.0f} s, {crashes} crash(es)"
+        + (f"; {stopped}, so later configs are absent" if stopped else "")
+        + (f"; command: {command}" if command else "")
+    )
+    return recording
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.record", description=__doc__.split("\n\n")[0],
+        epilog="Example: python -m tuner.record --family blocktile2d --shape 2048x2048x2048 "
+               "--max-configs 500 --out rec.json.gz",
+    )
+    parser.add_argument("--family", action="append", required=True, metavar="F",
+                        help="kernel family to sweep; repeat for several")
+    parser.add_argument("--shape", action="append", required=True, metavar="MxNxK",
+                        help="problem shape; repeat for several")
+    parser.add_argument("--grid", action="append", default=[], metavar="F:PARAM=v1,v2",
+                        help="narrow a family's parameter to these values; repeatable")
+    parser.add_argument("--max-configs", type=_positive_int, default=500, metavar="N",
+                        help="configs per family: all accepted ones of the grid if at most N, "
+                             "else a uniform sample of N (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="sample seed (default: 0)")
+    parser.add_argument("--out", metavar="FILE",
+                        help="recording to write (.json.gz: gzip-compressed)")
+    parser.add_argument("--gpu", type=int, default=0, metavar="INDEX")
+    parser.add_argument("--workers", type=_positive_int, default=None,
+                        help="compile processes (default: CPU cores - 1, at most 8)")
+    parser.add_argument("--cache", default=None, metavar="DIR", help="CUBIN cache folder")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="stop measuring after this long and write what was measured")
+    parser.add_argument("--plan", action="store_true",
+                        help="print how many configs each family would get, then stop "
+                             "(no GPU needed)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    families = []
+    for name in args.family:
+        if name not in kernels.FAMILIES:
+            parser.error(f"--family: unknown family {name!r}; allowed: {', '.join(kernels.FAMILIES)}")
+        families.append(kernels.FAMILIES[name])
+    try:
+        problems = list(dict.fromkeys(parse_shape(s) for s in args.shape))
+        grid = parse_grid(args.grid, families)
+    except (ShapeError, ValueError) as error:
+        parser.error(str(error))
+    if args.plan:
+        for family in families:
+            header, configs = choose_configs(family, grid.get(family.name, {}),
+                                             args.max_configs, args.seed, "sm_90")
+            print(f"{family.name}: {header.selection.text}; x {len(problems)} shape(s) = "
+                  f"{len(configs) * len(problems)} measurements")
+        return 0
+    if not args.out:
+        parser.error("--out FILE is required (except with --plan)")
+    command = " ".join(["python -m tuner.record", *(argv if argv is not None else sys.argv[1:])])
+    recording = sweep_gpu(families, problems, max_configs=args.max_configs, seed=args.seed,
+                          grid=grid, device=args.gpu, workers=args.workers,
+                          cache_dir=args.cache, time_limit_s=args.time_limit, command=command)
+    path = recording.save(args.out)
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB): {recording.note}")
+    for name, problem in recording.pairs():
+        best = recording.optimum(name, problem)
+        if best:
+            print(f"  {name} {problem.shape}: best {best[1]:,.0f} GFLOP/s "
+                  f"{' '.join(f'{k}={v}' for k, v in best[0].items())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

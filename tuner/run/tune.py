@@ -1,0 +1,170 @@
+"""A tuning command once parsed: open the stores, register the GPU, run the studies, report.
+
+The entry pieces of ``python -m tuner`` (a live GPU, or ``--replay``) and ``--worker``
+(tuner.run.worker) share these pieces; each takes the option objects it uses (tuner.run.options),
+so none of them imports the parser back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import db
+
+from tuner.lifetime import StopRequest
+from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                               EvaluatorOptions, Options, SearchOptions, StoreOptions)
+from tuner.search.study import Session
+
+
+@dataclass
+class Stores:
+    """The results database and the Optuna storage of one command, open, and how the command's
+    workers share them."""
+
+    database: Any  # db.Database
+    storage: Any  # optuna.storages.RDBStorage
+    claim_trials: bool  # register candidates before measuring them (tuner.search.fleet)
+    heartbeat_s: float
+    stale_after_s: float
+
+
+def open_stores(options: StoreOptions) -> Stores | None:
+    """Both stores, or None after saying on stderr which one is unusable (the caller exits 2)."""
+    from tuner.run.storage import is_server, open_storage
+
+    try:
+        database = db.open_database(options.db_url)
+    except (db.StorageError, db.InvalidInputError) as error:
+        print(f"python -m tuner: cannot use the results database: {error}", file=sys.stderr)
+        return None
+    storage_url = options.storage_url or database.url
+    try:
+        # safe when several workers open a fresh database together (tuner/run/storage.py)
+        storage = open_storage(storage_url, heartbeat_s=options.heartbeat_s,
+                               stale_after_s=options.stale_after_s)
+    except Exception as error:  # Optuna raises several kinds for a bad URL or unusable store
+        print(f"python -m tuner: cannot use the Optuna storage {storage_url!r}: {error}",
+              file=sys.stderr)
+        database.close()
+        return None
+    claims = is_server(storage_url) if options.claim_trials is None else options.claim_trials
+    return Stores(database, storage, claims, options.heartbeat_s, options.stale_after_s)
+
+
+def register_gpu(database: Any, evaluator: Any) -> tuple[int, str]:
+    """Stores the evaluator's GPU (the db.GpuInfo fields of its ``info()``): (id, name)."""
+    known = {f.name for f in dataclasses.fields(db.GpuInfo)}
+    info = db.GpuInfo(**{k: v for k, v in evaluator.info().items() if k in known})
+    return database.ensure_gpu(info), info.name
+
+
+def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: SearchOptions, *,
+                compile_cache: Path | None, command: str, stop: Any,
+                progress: bool = True) -> Session:
+    """What every study of one command (or one job) shares."""
+    gpu_id, gpu_name = gpu
+    return Session(
+        database=stores.database, evaluator=evaluator, storage=stores.storage,
+        gpu_id=gpu_id, gpu_name=gpu_name, sampler=search.sampler, seed=search.seed,
+        batch=getattr(evaluator, "batch", 1), progress=progress, host=socket.gethostname(),
+        command=command, stop=stop, claim_trials=stores.claim_trials,
+        heartbeat_s=stores.heartbeat_s, stale_after_s=stores.stale_after_s,
+        compile_cache=compile_cache,
+    )
+
+
+def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
+    """Everything after the evaluator exists: open the stores, run the studies, print the table."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from tuner.run.session import tune_all
+
+    stores = open_stores(options.stores)
+    if stores is None:
+        return EXIT_USAGE
+    with stores.database, StopRequest() as stop, logging_redirect_tqdm():
+        session = new_session(stores, evaluator, register_gpu(stores.database, evaluator),
+                              options.search, compile_cache=options.evaluator.cache_dir,
+                              command=options.command, stop=stop, progress=progress)
+        summary = tune_all(session, options.families, options.problems,
+                           options.budget.study_budget(),
+                           total_seconds=options.budget.total_seconds())
+    print()
+    print(summary.table())
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
+
+
+def start_live(options: EvaluatorOptions) -> Any:
+    """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError."""
+    from tuner.measure.live import LiveEvaluator
+
+    return LiveEvaluator(options.gpu, cache_dir=options.cache_dir, workers=options.workers,
+                         trial_timeout_s=options.trial_timeout_s, backend=options.backend)
+
+
+def live_main(options: Options) -> int:
+    """``python -m tuner``: tune on a GPU."""
+    from tuner.measure.live import GpuUnavailable
+
+    gpu = options.evaluator.gpu
+    try:
+        evaluator = start_live(options.evaluator)
+    except GpuUnavailable as reason:
+        print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
+              "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
+              file=sys.stderr)
+        return EXIT_FAILED
+    except RuntimeError as error:  # e.g. --gpu names a device that does not exist
+        last = str(error).strip().splitlines()[-1:] or ["unknown error"]
+        print(f"python -m tuner: cannot start measuring on GPU {gpu}: {last[0]}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    with evaluator:
+        try:
+            return tune(options, evaluator)
+        except KeyboardInterrupt:  # a second Ctrl-C: the runs are already marked interrupted
+            print("python -m tuner: aborted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+def recorded_families(evaluator: Any, options: Options) -> list[Any]:
+    """A replay's families: those named with --kernel, else every recorded one."""
+    return ([evaluator.family(f) for f in options.families] if options.kernels_named
+            else evaluator.families())
+
+
+def replay_main(options: Options) -> int:
+    """``python -m tuner --replay FILE``: families and shapes default to the recorded ones."""
+    from tuner.measure.recording import RecordingError
+    from tuner.measure.replay import ReplayEvaluator
+
+    assert options.replay is not None
+    try:
+        evaluator = ReplayEvaluator.open(options.replay)
+        families = recorded_families(evaluator, options)
+    except RecordingError as error:
+        print(f"python -m tuner: --replay: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    recorded = evaluator.problems()
+    problems = options.problems
+    if options.shapes_named:
+        absent = [p.shape for p in problems if p not in recorded]
+        if absent:
+            print(f"python -m tuner: --replay: shape(s) {', '.join(absent)} not in the "
+                  f"recording; recorded: {', '.join(p.shape for p in recorded)}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        problems = recorded
+    if not families:
+        print("python -m tuner: --replay: the recording holds no current kernel family",
+              file=sys.stderr)
+        return EXIT_USAGE
+    with evaluator:
+        return tune(dataclasses.replace(options, families=families, problems=problems), evaluator)
