@@ -89,7 +89,8 @@ def main() -> int:
         keep = {int(v) for v in values.split(",")}
         configs = [c for c in configs if c[param] in keep]
     configs = configs[:args.max]
-    check_configs = [dict(c) for c in FAMILY.starting_points] + rng.sample(accepted, 6)
+    points = [dict(c) for c in FAMILY.starting_points]
+    check_configs = points + [dict(c, ASPLIT=1 - c["ASPLIT"]) for c in points] + rng.sample(accepted, 4)
     everything = {json.dumps(c, sort_keys=True): c for c in configs + check_configs}
     start = time.time()
     with ProcessPoolExecutor(16, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -115,7 +116,8 @@ def main() -> int:
     try:
         if args.no_checks:
             raise ImportError
-        mis = misaligned_check(check_configs[:4], np.random.default_rng(1))
+        mis = misaligned_check(check_configs[:3] + check_configs[len(points):len(points) + 3],
+                               np.random.default_rng(1))
         print(f"misaligned operands: {'all ok' if not mis else str(len(mis)) + ' failed'}", flush=True)
         for line in mis[:10]:
             print("  FAIL", line)
@@ -145,7 +147,7 @@ def main() -> int:
             c = r["config"]
             print(f"  {r['gflops'] or 0:8.0f} {r['ratio'] or 0:5.2f}x  err {r['rel_error'] or 0:.2e}  "
                   f"clk {r['sm_clock_mhz']}  BM{c['BM']} BK{c['BK']} WGS{c['WGS']} MW{c['MW']} "
-                  f"ST{c['STAGES']} FL{c['FLUSH']} SK{c['SPLITK']} R{c['RASTER']}  {r['state']}")
+                  f"ST{c['STAGES']} FL{c['FLUSH']} SK{c['SPLITK']} R{c['RASTER']} AS{c['ASPLIT']}  {r['state']}")
         report["speed"].append({"shape": [m, n, k], "cublas": [base, base2], "rows": rows})
 
     cuobjdump = shutil.which("cuobjdump")

@@ -65,20 +65,23 @@ def tma_ready(address: int, row_elements: int) -> bool:
     return address % 16 == 0 and row_elements % 4 == 0
 
 
-def encode_tensor_map(tm: TensorMap, b: int, ldb: int, workspace: int) -> Any:
-    """A CUtensorMap for one call: the view `tm` over the call's B or workspace (see TensorMap)."""
+def encode_tensor_map(tm: TensorMap, operands: dict[str, tuple[int, int]], workspace: int) -> Any:
+    """A CUtensorMap for one call: the view `tm` over the call's A or B (operands: name ->
+    (address, leading dimension)) or its workspace (see TensorMap)."""
     from cuda.bindings import driver
 
-    if tm.base == "b":
-        if not tma_ready(b, ldb):
+    if tm.base in operands:
+        address, ld = operands[tm.base]
+        if not tma_ready(address, ld):
             if tm.fallback is None:
-                raise ValueError("B must be 16-byte aligned with ldb a multiple of 4 for this kernel")
-            return encode_tensor_map(tm.fallback, b, ldb, workspace)
-        address, strides = b, (4 * ldb,)
+                raise ValueError(f"{tm.base.upper()} must be 16-byte aligned with a leading dimension "
+                                 "that is a multiple of 4 for this kernel")
+            return encode_tensor_map(tm.fallback, operands, workspace)
+        strides = (4 * ld,)
     elif tm.base == "workspace":
         address, strides = workspace + tm.offset, tm.strides
     else:
-        raise ValueError(f"unknown tensor map base {tm.base!r}; expected 'b' or 'workspace'")
+        raise ValueError(f"unknown tensor map base {tm.base!r}; expected 'a', 'b' or 'workspace'")
     swizzle = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}[tm.swizzle]
     return check(driver.cuTensorMapEncodeTiled(
@@ -125,19 +128,20 @@ class LoadedKernel:
         for launch in self.launches:
             params = (args, types)
             if launch.tensor_maps:
-                maps = tuple(self._tensor_map(tm, b, ldb, workspace) for tm in launch.tensor_maps)
+                operands = {"a": (a, lda), "b": (b, ldb)}
+                maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
                 params = (args + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
             check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
                                         launch.shared_bytes, stream, params, 0),
                   f"cuLaunchKernel({launch.kernel})")
 
-    def _tensor_map(self, tm: TensorMap, b: int, ldb: int, workspace: int) -> Any:
-        key = (tm, b, ldb, workspace)
+    def _tensor_map(self, tm: TensorMap, operands: dict[str, tuple[int, int]], workspace: int) -> Any:
+        key = (tm, operands.get(tm.base), workspace)
         found = self._maps.get(key)
         if found is None:
             if len(self._maps) >= self.MAP_CACHE:
                 self._maps.clear()
-            found = self._maps[key] = encode_tensor_map(tm, b, ldb, workspace)
+            found = self._maps[key] = encode_tensor_map(tm, operands, workspace)
         return found
 
     def unload(self) -> None:

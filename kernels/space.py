@@ -53,9 +53,9 @@ class TensorMap:
     (cuTensorMapEncodeTiled) and passed by value after the common kernel arguments.
 
     base "workspace": the view starts `offset` bytes into the workspace, with `strides` given.
-    base "b": the view is the call's B (row stride ldb); TMA needs a 16-byte aligned address and
-    row stride, so where B or ldb is not, `fallback` (a workspace view of an aligned copy, which
-    the family's own pre-pass makes under the same rule) is used instead.
+    base "a" / "b": the view is the call's A or B (row stride lda / ldb); TMA needs a 16-byte
+    aligned address and row stride, so where the operand is not, `fallback` (a workspace view of
+    an aligned copy, which the family's own pre-pass makes under the same rule) is used instead.
     """
 
     base: str

@@ -18,7 +18,7 @@ def _compile(job):
 
 
 def test_starting_points_compile_for_sm90a_without_spills(tmp_path):
-    jobs = [(dict(c), str(tmp_path)) for c in FAMILY.starting_points]
+    jobs = [(dict(c, ASPLIT=a), str(tmp_path)) for c in FAMILY.starting_points[:4] for a in (0, 1)]
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for (config, _), (resources, log) in zip(jobs, pool.map(_compile, jobs)):
             assert "sm_90a" in log, "wgmma and setmaxnreg need the arch-specific target"
@@ -41,9 +41,9 @@ def test_offered_only_on_hopper_with_a_reason():
 
 
 def test_register_budget_constraint_rejects_oversized_tiles():
-    config = dict(BM=128, BK=32, WGS=2, MW=2, STAGES=2, FLUSH=4, SPLITK=1, RASTER=1)
+    config = dict(BM=128, BK=32, WGS=2, MW=2, STAGES=2, FLUSH=4, SPLITK=1, RASTER=1, ASPLIT=0)
     assert any("register budget" in r for r in FAMILY.reject_reasons(config))
-    config = dict(BM=128, BK=64, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1)  # 4 x 96 KiB stages
+    config = dict(BM=128, BK=64, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1, ASPLIT=0)  # 4 x 96 KiB stages
     assert any("shared memory" in r for r in FAMILY.reject_reasons(config))
 
 
@@ -74,6 +74,18 @@ def test_launch_plan_and_workspace_layout(shape, splitk):
 
 
 def test_shared_memory_fits_stages_barriers_and_alignment_slack():
-    config = dict(BM=128, BK=32, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1)
+    config = dict(BM=128, BK=32, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1, ASPLIT=0)
     stage = 2 * 128 * 32 * 4 + 32 * 128 * 4
     assert FAMILY.shared_bytes(config) == 4 * stage + 1024 + 16 * 4
+
+
+def test_asplit_reads_a_in_place_with_the_packed_view_as_fallback():
+    m, n, k = 256, 256, 16384
+    packed = dict(FAMILY.starting_points[0], ASPLIT=0)
+    in_kernel = dict(packed, ASPLIT=1)
+    a_packed = FAMILY.main_launch(packed, m, n, k).tensor_maps[0]
+    a_view = FAMILY.main_launch(in_kernel, m, n, k).tensor_maps[0]
+    assert a_packed.base == "workspace"
+    assert a_view == TensorMap("a", dims=(k, m), box=(32, packed["BM"]), fallback=a_packed)
+    # The workspace keeps room for the packed A: an unaligned A falls back to it at run time.
+    assert FAMILY.workspace_bytes(in_kernel, m, n, k) == FAMILY.workspace_bytes(packed, m, n, k)

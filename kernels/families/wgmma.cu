@@ -14,8 +14,10 @@
 // operand (BM rows of C) is the A tile, read from shared memory through descriptors. A's small
 // part must therefore exist in shared memory: a pre-pass (gemm_pack) writes A's big and small
 // parts to the workspace as [2][M][Kp] (Kp = K rounded up to 4, zero-padded), which also makes
-// them 16-byte aligned for TMA whatever A's pointer and lda. B is read by TMA where it and ldb
-// are 16-byte aligned, else from an aligned copy the pre-pass makes.
+// them 16-byte aligned for TMA whatever A's pointer and lda (with ASPLIT = 1 and A aligned, TMA
+// reads A as it is and the consumers split it in shared memory instead: one pass over A, which
+// pays where N or M*N is small). B is read by TMA where it and ldb are 16-byte aligned, else
+// from an aligned copy the pre-pass makes.
 //
 // The tensor core truncates when it accumulates, so each consumer sums FLUSH k-steps (8 deep,
 // three MMAs each) from zero in the tensor core and adds them to FP32 accumulators with a
@@ -56,6 +58,11 @@ __device__ __forceinline__ long long ws_b_offset(int M, int N, int K) {
     return ws_a_offset(M, N) + round64(2ll * M * ((K + 3) & ~3));
 }
 __device__ __forceinline__ bool b_tma_ready(const float* B, int ldb) { return aligned16(B) && (ldb & 3) == 0; }
+// ASPLIT = 1: where TMA can read A in place, the kernel splits it in shared memory (no pre-pass
+// for A); elsewhere the pre-pass packs it as with ASPLIT = 0. The launcher applies the same rule.
+__device__ __forceinline__ bool a_split_in_kernel(const float* A, int lda) {
+    return ASPLIT && aligned16(A) && (lda & 3) == 0;
+}
 
 // big = x rounded to nearest TF32, so small = x - big (exact) takes either sign: the tensor core's
 // truncation of small and the dropped small*small term then err both ways instead of always
@@ -67,6 +74,11 @@ __device__ __forceinline__ unsigned tf32_big(float x) {
     return big;
 }
 
+__device__ __forceinline__ void split_rn(float x, float& big, float& small) {
+    big = __uint_as_float(tf32_big(x));
+    small = x - big;
+}
+
 // The pre-pass: A -> [big | small] (zero-padded to Kp), and B -> aligned copy where TMA cannot
 // read B in place. Grid-stride loops; four consecutive k per thread, stored as float4.
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
@@ -75,7 +87,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N));
     float4* small = big + quads;
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < quads; q += step) {
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+         q < quads && !a_split_in_kernel(A, lda); q += step) {
         const int m = (int)(q / (Kp / 4)), k = (int)(q % (Kp / 4)) * 4;
         const float* a = A + (size_t)m * lda + k;
         float x[4];
@@ -83,10 +96,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
         for (int j = 0; j < 4; ++j) x[j] = k + j < K ? a[j] : 0.0f;
         float b4[4], s4[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            b4[j] = __uint_as_float(tf32_big(x[j]));
-            s4[j] = x[j] - b4[j];
-        }
+        for (int j = 0; j < 4; ++j) split_rn(x[j], b4[j], s4[j]);
         big[q] = make_float4(b4[0], b4[1], b4[2], b4[3]);
         small[q] = make_float4(s4[0], s4[1], s4[2], s4[3]);
     }
@@ -175,6 +185,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
     __syncthreads();
 
     const int wg = threadIdx.x / 128;
+    const bool a_raw = a_split_in_kernel(A, lda);
     if (wg == 0) {
         // Producer warpgroup: one thread issues every copy; the rest give their registers away.
 #if WGS > 1
@@ -187,13 +198,17 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
             unsigned phase = 0;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 mbar_wait(EMPTY(stage), phase ^ 1);  // a fresh barrier's "previous phase" is complete
-                mbar_expect_tx(FULL(stage), STAGE_BYTES);
+                mbar_expect_tx(FULL(stage), a_raw ? STAGE_BYTES - A_STAGE_BYTES / 2 : STAGE_BYTES);
                 const unsigned st = base + stage * STAGE_BYTES;
                 const int k0 = (kt_begin + kt) * BK;
 #pragma unroll
                 for (int atom = 0; atom < KATOMS; ++atom) {
-                    tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 0, FULL(stage));
-                    tma_load_3d(st + (KATOMS + atom) * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 1, FULL(stage));
+                    if (a_raw) {  // A as it is, into the big slot; the consumers split it there
+                        tma_load_2d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, FULL(stage));
+                    } else {
+                        tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 0, FULL(stage));
+                        tma_load_3d(st + (KATOMS + atom) * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 1, FULL(stage));
+                    }
                 }
 #pragma unroll
                 for (int box = 0; box < BN / 32; ++box)
@@ -224,6 +239,26 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
     for (int kt = 0; kt < k_tiles; ++kt) {
         mbar_wait(FULL(stage), phase);
         const unsigned st = base + stage * STAGE_BYTES;
+        if (a_raw) {
+            // big slot <- round-to-nearest TF32 of A, small slot <- the rest, 16 bytes at a time:
+            // both slots share one swizzled layout, so the byte offset is the element's place.
+            for (int i = threadIdx.x - 128; i < KATOMS * BM * 8; i += 128 * WGS) {
+                const unsigned big_at = st + (i / (BM * 8)) * A_ATOM_BYTES + (i % (BM * 8)) * 16;
+                float x[4], b[4], r[4];
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(big_at));
+#pragma unroll
+                for (int j = 0; j < 4; ++j) split_rn(x[j], b[j], r[j]);
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                             ::"r"(big_at), "f"(b[0]), "f"(b[1]), "f"(b[2]), "f"(b[3]) : "memory");
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                             ::"r"(big_at + KATOMS * A_ATOM_BYTES), "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3])
+                             : "memory");
+            }
+            // Ordinary stores that the tensor cores read next: proxy fence, then all consumers meet.
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("bar.sync 1, %0;\n" ::"n"(128 * WGS) : "memory");
+        }
 #pragma unroll
         for (int atom = 0; atom < KATOMS; ++atom) {
             // Register operand: B^T fragments (m16n8k8 A layout per warp: rows g / g+8, k t / t+4).

@@ -62,6 +62,8 @@ class Wgmma(Family):
         Param("FLUSH", (2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
         Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
         RASTER,
+        Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
+                                "memory by the consumers (1)"),
     )
     constraints = (
         Constraint("accumulators and fragments (MW*(BM+32) + 32 registers) must fit the consumer's "
@@ -70,12 +72,13 @@ class Wgmma(Family):
     )
 
     # Fastest measured on the H100 (bench/NOTES.md, rung 11), one per shape class: 4096³ and
-    # 2048³, 8192³, 1024³, odd sizes (1023x1025x999), 128-row, 16-row and small-MN/long-K.
+    # 2048³, 8192³, 1024³, odd sizes (1023x1025x999), 128-row, 16-row, small-MN/long-K, and
+    # small N (16384x128x1024, where splitting A in the kernel wins: 1.54x against 0.79x).
     starting_points = tuple(
-        dict(zip(("BM", "BK", "WGS", "MW", "STAGES", "FLUSH", "SPLITK", "RASTER"), values))
-        for values in ((128, 64, 2, 1, 2, 4, 1, 8), (96, 32, 2, 1, 3, 4, 1, 8), (96, 64, 2, 1, 2, 4, 1, 8),
-                       (64, 64, 2, 1, 2, 4, 1, 8), (64, 32, 3, 1, 3, 4, 1, 8), (128, 32, 2, 1, 4, 4, 4, 8),
-                       (64, 32, 2, 1, 3, 4, 4, 8), (64, 32, 1, 2, 4, 4, 16, 8))
+        dict(zip(("BM", "BK", "WGS", "MW", "STAGES", "FLUSH", "SPLITK", "RASTER", "ASPLIT"), values))
+        for values in ((128, 64, 2, 1, 2, 4, 1, 8, 0), (96, 32, 2, 1, 3, 4, 1, 8, 0), (96, 64, 2, 1, 2, 4, 1, 8, 0),
+                       (64, 64, 2, 1, 2, 4, 1, 8, 0), (64, 32, 3, 1, 3, 4, 1, 8, 0), (128, 32, 2, 1, 4, 4, 4, 8, 0),
+                       (64, 32, 2, 1, 3, 4, 4, 8, 0), (64, 32, 2, 1, 6, 4, 16, 4, 0), (128, 64, 2, 1, 2, 4, 1, 8, 1))
     )
 
     def target(self, arch: str) -> str:
@@ -99,6 +102,8 @@ class Wgmma(Family):
         kp, np_ = padded(k), padded(n)
         a_maps = TensorMap("workspace", dims=(kp, m, 2), box=(32, c["BM"], 1),
                            strides=(4 * kp, 4 * m * kp), offset=4 * ws_a_offset(c, m, n))
+        if c["ASPLIT"]:  # A in place where TMA can read it (the kernel splits it), else packed
+            a_maps = TensorMap("a", dims=(k, m), box=(32, c["BM"]), fallback=a_maps)
         b_copy = TensorMap("workspace", dims=(n, k), box=(32, c["BK"]), strides=(4 * np_,),
                            offset=4 * ws_b_offset(c, m, n, k))
         b_map = TensorMap("b", dims=(n, k), box=(32, c["BK"]), fallback=b_copy)
