@@ -8,10 +8,12 @@ start_run, add_trial, add_baseline, finish_run).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import db
 import kernels
 
+ROOT = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
 H100_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
