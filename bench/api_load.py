@@ -187,6 +187,12 @@ class ApiServer:
             self.proc.wait()
 
 
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s (default %(default)s)")
@@ -203,6 +209,7 @@ def main() -> None:
             and 1 <= args.workers <= 16 and all(1 <= w <= 16 for w in args.ceiling_workers)):
         ap.error("--rate 1..20000, --seconds (0, 600], --clients 1..16, --workers and --ceiling-workers 1..16")
 
+    load_before = [round(x, 2) for x in os.getloadavg()]  # the 2 cores may be shared: say how busy they were
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.sqlite"
         t0 = time.perf_counter()
@@ -231,7 +238,8 @@ def main() -> None:
         endpoint="/api/best", runs=runs, runs_in_db=len(tuned.run_ids), trials_per_run=args.trials,
         fill_seconds=round(fill_s, 2), server="uvicorn (python -m api --workers N)", database="SQLite file",
         client="http.client keep-alive, threads in separate processes", host=platform.node(),
-        python=platform.python_version(), cpus=os.cpu_count(),
+        python=platform.python_version(), cpus=os.cpu_count(), load_average_before=load_before,
+        uvicorn_http="httptools" if _has("httptools") else "h11", uvicorn_loop="uvloop" if _has("uvloop") else "asyncio",
         when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)

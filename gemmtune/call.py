@@ -267,6 +267,10 @@ def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
         from .torch_op import compiled_matmul
 
         return compiled_matmul(a, b, out, alpha, beta, precision, source, strict)
+    if type(a) is _TORCH.tensor:
+        done = _torch_fast(a, b, out, alpha, beta, precision, source, strict)
+        if done is not _SLOW:
+            return done
     lib, pa, pb, po, m, n, k, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision)
     if 0 in (m, n, k):
         return lib.library_gemm(a, b, out, alpha, beta)
@@ -285,7 +289,72 @@ def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
     return out
 
 
+class _TorchRefs:
+    """torch names the fast path needs, filled on the first call with a torch tensor."""
+
+    tensor: type | None = None
+    f32: Any = None
+    raw_stream: Any = None
+
+
+_TORCH = _TorchRefs()
+_SLOW = object()
+
+
+def _torch_refs() -> None:
+    import torch
+
+    _TORCH.f32 = torch.float32
+    _TORCH.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda d: torch.cuda.current_stream(d).cuda_stream)
+    _TORCH.tensor = torch.Tensor
+
+
+def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any, source: Any, strict: bool) -> Any:
+    """The common case on PyTorch with few attribute reads and no intermediate objects: dense
+    float32 CUDA matrices on one device, float alpha/beta, a cached choice. Anything else returns
+    _SLOW and goes the general way (which also words every error)."""
+    f32 = _TORCH.f32
+    if (type(b) is not type(a) or type(alpha) is not float or type(beta) is not float or a.dtype is not f32
+            or b.dtype is not f32 or a.dim() != 2 or b.dim() != 2 or not a.is_cuda or not a.is_contiguous()
+            or not b.is_contiguous() or not (source is None or type(source) is str)):
+        return _SLOW
+    m, k = a.shape
+    k2, n = b.shape
+    device = a.get_device()
+    if k != k2 or not (m and n and k) or b.get_device() != device:
+        return _SLOW
+    if out is None:
+        if beta != 0.0:
+            return _SLOW
+    else:
+        if (type(out) is not type(a) or out.dtype is not f32 or out.shape != (m, n) or not out.is_contiguous()
+                or out.get_device() != device):
+            return _SLOW
+        po, pa, pb = out.data_ptr(), a.data_ptr(), b.data_ptr()
+        end = po + 4 * m * n
+        if po < pa + 4 * m * k and pa < end or po < pb + 4 * k * n and pb < end:
+            return _SLOW  # overlapping: the general path says so
+    choice = DISPATCHER.cached((device, m, n, k, precision, source))
+    if choice is None or (strict and choice.unavailable):
+        gpu, arch = device_info(device)
+        choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=m, n=n, k=k, precision=precision,
+                                   source=source, strict=strict)
+    if choice.kind != "kernel":
+        return TorchLib.library_gemm(a, b, out, alpha, beta)
+    if out is None:
+        out = a.new_empty((m, n))
+    kernels.gemm(choice.kernel_family, choice.config, a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k,
+                 alpha, beta, stream=_TORCH.raw_stream(device), device=device)
+    return out
+
+
 def _compiling(a: Any) -> bool:
-    """True while torch.compile traces a call (then the custom op stands in for the whole call)."""
+    """True while torch.compile traces a call (then the custom op stands in for the whole call).
+    Also fills the fast path's torch names the first time a torch tensor comes by."""
     torch = sys.modules.get("torch")
-    return torch is not None and type(a).__module__.startswith("torch") and torch.compiler.is_compiling()
+    if torch is None or not type(a).__module__.startswith("torch"):
+        return False
+    if _TORCH.tensor is None and not torch.compiler.is_compiling():
+        _torch_refs()
+    return torch.compiler.is_compiling()

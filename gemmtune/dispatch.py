@@ -118,6 +118,14 @@ class Dispatcher:
                     self._sources[key] = found
         return key, found
 
+    def cached(self, key: tuple) -> Choice | None:
+        """The cached choice for (device, m, n, k, precision, source spelling or None) while it is
+        valid; None otherwise (then call choose)."""
+        choice = self._choices.get(key)
+        if choice is None or choice.expires is not None:
+            return None
+        return choice
+
     def choose(self, *, device: int, gpu: str, arch: str, m: int, n: int, k: int, precision: str,
                source: str | Source | None, strict: bool = False) -> Choice:
         key = (device, m, n, k, precision, source if source is None or isinstance(source, str) else id(source))
