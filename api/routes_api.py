@@ -60,7 +60,8 @@ RunId = Annotated[int, Path(ge=1, le=ID_MAX, description="Run id.")]
 Offset = Annotated[int, Query(ge=0, le=ID_MAX)]
 
 
-def reads(request: Request) -> Reads:
+async def reads(request: Request) -> Reads:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a hop /api/best need not pay.
     return request.app.state.reads
 
 

@@ -204,6 +204,8 @@ def main() -> None:
     ap.add_argument("--ceiling-seconds", type=float, default=8.0)
     ap.add_argument("--trials", type=int, default=25, help="trials per tuning run when filling (default %(default)s)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "api_load.json")
+    ap.add_argument("--db", type=Path, default=None,
+                    help="reuse this SQLite file (filled on first use) instead of a fresh one per run")
     args = ap.parse_args()
     if not (1 <= args.rate <= 20_000 and 0 < args.seconds <= 600 and 1 <= args.clients <= 16
             and 1 <= args.workers <= 16 and all(1 <= w <= 16 for w in args.ceiling_workers)):
@@ -211,9 +213,11 @@ def main() -> None:
 
     load_before = [round(x, 2) for x in os.getloadavg()]  # the 2 cores may be shared: say how busy they were
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{tmp}/bench.sqlite"
+        path = args.db or Path(tmp) / "bench.sqlite"
+        url = f"sqlite:///{path.absolute()}"
         t0 = time.perf_counter()
-        tuned = tune_into(url, JOBS, trials=args.trials)
+        reused = path.exists()
+        n_runs = len(JOBS) if reused else len(tune_into(url, JOBS, trials=args.trials).run_ids)
         fill_s = time.perf_counter() - t0
         runs = []
         server = ApiServer(url, args.workers)
@@ -235,7 +239,7 @@ def main() -> None:
                 server.stop()
 
     result = dict(
-        endpoint="/api/best", runs=runs, runs_in_db=len(tuned.run_ids), trials_per_run=args.trials,
+        endpoint="/api/best", runs=runs, runs_in_db=n_runs, trials_per_run=args.trials,
         fill_seconds=round(fill_s, 2), server="uvicorn (python -m api --workers N)", database="SQLite file",
         client="http.client keep-alive, threads in separate processes", host=platform.node(),
         python=platform.python_version(), cpus=os.cpu_count(), load_average_before=load_before,
