@@ -111,6 +111,10 @@ class DatabaseSource:
         from sqlalchemy.engine import make_url
 
         parsed = make_url(self.url)
+        if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+            # An unreachable server must cost seconds, not the OS's TCP timeout (minutes).
+            parsed = parsed.update_query_dict({"connect_timeout": str(int(HTTP_TIMEOUT_S * 2))})
+            self.url = parsed.render_as_string(hide_password=False)
         self.label = parsed.render_as_string(hide_password=True)
         # A SQLite file that does not exist yet means "nothing tuned here": never create one.
         self._missing_file = (parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")

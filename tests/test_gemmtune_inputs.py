@@ -127,3 +127,13 @@ def test_torch_compile_traces_one_graph_with_the_custom_op():
     assert out.shape == (8, 4) and out.device.type == "meta"
     with pytest.raises(Exception, match="inner dimensions differ"):
         torch.compile(f, backend="eager", fullgraph=True)(a, torch.empty(3, 5, device="meta"), c)
+
+
+def test_layering_gemmtune_imports_no_tuner_api_torch_or_cupy():
+    import subprocess
+    import sys
+
+    code = ("import sys, gemmtune, gemmtune.__main__, gemmtune.pack, gemmtune.sources, gemmtune.dispatch; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tuner', 'api', 'torch', 'cupy', 'optuna'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -242,7 +242,8 @@ def test_source_spellings():
     with pytest.raises(TypeError, match="source must be a non-empty string"):
         open_source("")
     assert "secret" not in HttpSource("http://user:secret@127.0.0.1:8000").label
-    assert "secret" not in DatabaseSource("postgresql://u:secret@db.example/gt").label
+    pg = DatabaseSource("postgresql://u:secret@db.example/gt")
+    assert "secret" not in pg.label and "connect_timeout=4" in pg.url  # unreachable: seconds, not minutes
 
 
 # --- the HTTP API as source ---------------------------------------------------------------------------
