@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import db
-import kernels
 
-from .precision import allowed_families, check_precision
+from .precision import allowed_families, check_precision, installed_hashes
 from .sources import Answer, Entry, SourceUnavailable
 
 FORMAT = "gemmtune-pack"
@@ -44,11 +43,12 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
     running, and a reader skips other versions anyway); False keeps every version.
     """
     families = allowed_families(check_precision(precision))
+    hashes = {name: f.source_hash for name, f in families.items()}  # hashing reads the sources: once
     wanted = None if gpus is None else {g.strip().lower() for g in gpus}
     best: dict[tuple[str, int, int, int, str], db.BestResult] = {}
     for r in database.best_table():  # fastest first, so the first row per key wins
         fam = families.get(r.family)
-        if fam is None or (installed_only and r.source_hash != fam.source_hash):
+        if fam is None or (installed_only and r.source_hash != hashes[r.family]):
             continue
         if wanted is not None and r.gpu_name.lower() not in wanted and r.gpu_uuid.lower() not in wanted:
             continue
@@ -132,9 +132,9 @@ class PackSource:
 
     def _installed(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kept, stale = [], {}
+        installed = {name: h for h, name in installed_hashes("fp32").items()}  # family → installed hash
         for e in entries:
-            fam = kernels.FAMILIES.get(e["family"])
-            if fam is not None and fam.source_hash == str(e["source_hash"]).lower():
+            if installed.get(e["family"]) == str(e["source_hash"]).lower():
                 kept.append(e)
             else:
                 stale[e["family"]] = stale.get(e["family"], 0) + 1
