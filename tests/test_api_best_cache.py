@@ -149,3 +149,14 @@ def test_several_workers(url):
         proc.wait(timeout=20)
     bad = subprocess.run([sys.executable, "-m", "api", "--workers", "0"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "--workers must be 1..64" in bad.stderr
+
+
+def test_tune_on_a_miss_with_precision_queues_that_precisions_families(url, tmp_path):
+    copy = tmp_path / "tune.sqlite"
+    fill(f"sqlite:///{copy}", [Row("naive", (512, 512, 512), 100.0)])
+    with TestClient(create_app(f"sqlite:///{copy}", api_token="sesame")) as c:
+        q = {"gpu": H100, "m": 300, "n": 300, "k": 300, "precision": "ffma", "tune": "true"}
+        assert c.get("/api/best", params=q).status_code == 401
+        out = c.get("/api/best", params=q, headers={"Authorization": "Bearer sesame"}).json()
+    assert out["match"] == "nearest" and out["job"]["origin"] == "best"
+    assert set(out["job"]["families"]) == {n for n, f in kernels.FAMILIES.items() if f.precision == "ffma"}
