@@ -78,6 +78,8 @@ def main() -> None:
 
     from results_support import Row, fill
 
+    if not torch.cuda.is_available():
+        sys.exit("bench/dispatch.py needs an NVIDIA GPU and a CUDA build of PyTorch")
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = args.device
     torch.cuda.set_device(dev)

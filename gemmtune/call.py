@@ -324,6 +324,7 @@ def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any,
     device = a.get_device()
     if k != k2 or not (m and n and k) or b.get_device() != device:
         return _SLOW
+    pa, pb = a.data_ptr(), b.data_ptr()
     if out is None:
         if beta != 0.0:
             return _SLOW
@@ -331,7 +332,7 @@ def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any,
         if (type(out) is not type(a) or out.dtype is not f32 or out.shape != (m, n) or not out.is_contiguous()
                 or out.get_device() != device):
             return _SLOW
-        po, pa, pb = out.data_ptr(), a.data_ptr(), b.data_ptr()
+        po = out.data_ptr()
         end = po + 4 * m * n
         if po < pa + 4 * m * k and pa < end or po < pb + 4 * k * n and pb < end:
             return _SLOW  # overlapping: the general path says so
@@ -344,8 +345,8 @@ def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any,
         return TorchLib.library_gemm(a, b, out, alpha, beta)
     if out is None:
         out = a.new_empty((m, n))
-    kernels.gemm(choice.kernel_family, choice.config, a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k,
-                 alpha, beta, stream=_TORCH.raw_stream(device), device=device)
+    kernels.gemm(choice.kernel_family, choice.config, pa, pb, out.data_ptr(), m, n, k, alpha, beta,
+                 stream=_TORCH.raw_stream(device), device=device)
     return out
 
 
