@@ -317,7 +317,7 @@ def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any,
     f32 = _TORCH.f32
     if (type(b) is not type(a) or type(alpha) is not float or type(beta) is not float or a.dtype is not f32
             or b.dtype is not f32 or a.dim() != 2 or b.dim() != 2 or not a.is_cuda or not a.is_contiguous()
-            or not b.is_contiguous() or not (source is None or type(source) is str)):
+            or not b.is_contiguous() or type(precision) is not str or not (source is None or type(source) is str)):
         return _SLOW
     m, k = a.shape
     k2, n = b.shape
