@@ -48,12 +48,13 @@ class Choice:
     def __str__(self) -> str:
         m, n, k = self.requested
         head = f"{m}x{n}x{k} fp32 (precision {self.precision}) on {self.gpu} via {self.source}: "
+        notes = "".join(f"; {note}" for note in self.notes)
         if self.kind == "library":
-            return head + f"library GEMM, because {self.reason}"
+            return head + f"library GEMM, because {self.reason}" + notes
         shape = "x".join(map(str, self.tuned_shape or ()))
         return (head + f"{self.family} {self.config} ({self.match} match, tuned on {shape}, trial {self.trial_id} "
                 f"of run {self.run_id}, {self.gflops:.0f} GFLOP/s" +
-                (f" vs cuBLAS {self.cublas_gflops:.0f})" if self.cublas_gflops else ")"))
+                (f" vs cuBLAS {self.cublas_gflops:.0f})" if self.cublas_gflops else ")") + notes)
 
 
 def decide(answer: Answer, *, gpu: str, requested: tuple[int, int, int], precision: str, source: str,

@@ -274,6 +274,7 @@ def test_tune_on_miss_queues_a_job_and_goes_on(server, url):
     c = choose(src, (3000, 1000, 1000), "ffma")
     assert c.kind == "kernel" and c.match == "nearest"
     assert any("tuning job" in n and "queued" in n for n in c.notes), c.notes
+    assert "tuning job" in str(c)
     with db.open_database(url) as d:
         jobs = [j for j in d.list_jobs() if (j.m, j.n, j.k) == (3000, 1000, 1000)]
     assert len(jobs) == 1 and jobs[0].origin == "request" and "tf32x3" not in jobs[0].families
