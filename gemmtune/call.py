@@ -83,6 +83,18 @@ class TorchLib:
         return torch.empty((m, n), dtype=torch.float32, device=like.device)
 
     @staticmethod
+    def current() -> Any:
+        import torch
+
+        return torch.cuda.current_device()
+
+    @staticmethod
+    def restore(token: Any) -> None:
+        import torch
+
+        torch.cuda.set_device(token)
+
+    @staticmethod
     def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
         """torch.mm / addmm_ with TF32 off (strict FP32, as the kernels), restored afterwards."""
         import torch
@@ -130,6 +142,18 @@ class CupyLib:
             return cupy.empty((m, n), dtype=cupy.float32)
 
     @staticmethod
+    def current() -> Any:
+        import cupy
+
+        return cupy.cuda.runtime.getDevice()
+
+    @staticmethod
+    def restore(token: Any) -> None:
+        import cupy
+
+        cupy.cuda.runtime.setDevice(token)
+
+    @staticmethod
     def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
         import cupy
 
@@ -169,6 +193,22 @@ class CaiLib:
     def stream(device: int, x: Any) -> int:
         s = x.__cuda_array_interface__.get("stream")  # v3: the producer's stream (1: legacy, 2: per-thread)
         return int(s) if s else 0
+
+    @staticmethod
+    def current() -> Any:
+        from cuda.bindings import driver
+
+        from kernels.runtime import check
+
+        return check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+
+    @staticmethod
+    def restore(token: Any) -> None:
+        from cuda.bindings import driver
+
+        from kernels.runtime import check
+
+        check(driver.cuCtxSetCurrent(token), "cuCtxSetCurrent")
 
     @staticmethod
     def empty(m: int, n: int, like: Any) -> Any:
@@ -284,8 +324,14 @@ def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
         c_arg: Any = lib.operand("out", out).ptr  # dense: the raw pointer says it all
     else:
         c_arg = _arg(po)
-    kernels.gemm(choice.kernel_family, choice.config, _arg(pa), _arg(pb), c_arg, m, n, k, alpha, beta,
-                 stream=lib.stream(device, a), device=device)
+    # kernels.gemm makes the device's context current; the caller's current device stays as it was.
+    token = lib.current()
+    try:
+        kernels.gemm(choice.kernel_family, choice.config, _arg(pa), _arg(pb), c_arg, m, n, k, alpha, beta,
+                     stream=lib.stream(device, a), device=device)
+    finally:
+        if token != device or lib is CaiLib:
+            lib.restore(token)
     return out
 
 
@@ -295,6 +341,8 @@ class _TorchRefs:
     tensor: type | None = None
     f32: Any = None
     raw_stream: Any = None
+    get_device: Any = None
+    set_device: Any = None
 
 
 _TORCH = _TorchRefs()
@@ -307,6 +355,8 @@ def _torch_refs() -> None:
     _TORCH.f32 = torch.float32
     _TORCH.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
         lambda d: torch.cuda.current_stream(d).cuda_stream)
+    _TORCH.get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    _TORCH.set_device = torch.cuda.set_device
     _TORCH.tensor = torch.Tensor
 
 
@@ -345,8 +395,11 @@ def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any,
         return TorchLib.library_gemm(a, b, out, alpha, beta)
     if out is None:
         out = a.new_empty((m, n))
+    current = _TORCH.get_device()
     kernels.gemm(choice.kernel_family, choice.config, pa, pb, out.data_ptr(), m, n, k, alpha, beta,
                  stream=_TORCH.raw_stream(device), device=device)
+    if current != device:  # kernels.gemm made the tensor's device current: give the caller theirs back
+        _TORCH.set_device(current)
     return out
 
 

@@ -121,8 +121,12 @@ def test_second_device(source):
     b = torch.rand(222, 111, device="cuda:1")
     if device_info(1)[0] == device_info(0)[0]:
         assert gemmtune.explain(a, b, source=source).kind == "kernel"
+    torch.cuda.set_device(0)
     out = gemmtune.matmul(a, b, source=source)
     assert out.device == a.device
+    assert torch.cuda.current_device() == 0  # the caller's current device is left as it was
+    gemmtune.matmul(a, b, torch.empty(333, 111, device="cuda:1")[:, :111], source=source)  # general path
+    assert torch.cuda.current_device() == 0
     torch.cuda.synchronize(1)
     check(out.cpu(), a.cpu(), b.cpu())
     with pytest.raises(ValueError, match="device"):
