@@ -72,10 +72,16 @@ def queries(count: int, seed: int = 0) -> list[str]:
 # --- the load generator (runs in child processes) ------------------------------------------------------
 
 
-def _client(port: int, paths: list[str], start: float, interval: float, offset: int, stride: int,
-            closed_until: float | None, out: mp.Queue) -> None:
-    """One load process. Open loop: slots offset, offset+stride, … at start + slot*interval.
-    Closed loop (closed_until set): each thread sends back to back until then."""
+def _client(port: int, paths: list[str], interval: float, offset: int, stride: int, seconds: float | None,
+            ready: mp.Queue, go: mp.Event, t0: mp.Value, out: mp.Queue) -> None:
+    """One load process. Open loop: slots offset, offset+stride, … at t0 + slot*interval.
+    Closed loop (seconds set): each thread sends back to back until t0 + seconds. t0 is set by
+    the parent once every process has started (a spawned process takes a second or two to
+    import), so no request is late before the run begins."""
+    ready.put(offset)
+    go.wait()
+    start = t0.value
+    closed_until = None if seconds is None else start + seconds
     lock = threading.Lock()
     slots = iter(range(offset, len(paths), stride))
     results: list[tuple[float, int]] = []
@@ -127,13 +133,19 @@ def fire(port: int, paths: list[str], *, clients: int, rate: float | None, secon
     """Open loop at `rate` req/s (paths sent in order), or closed loop for `seconds` (rate None)."""
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    start = time.perf_counter() + 1.0  # let every process start first
+    ready: mp.Queue = ctx.Queue()
+    go = ctx.Event()
+    t0 = ctx.Value("d", 0.0)
     interval = 1.0 / rate if rate else 0.0
-    closed_until = None if rate else start + seconds
-    procs = [ctx.Process(target=_client, args=(port, paths, start, interval, i, clients, closed_until, out))
+    procs = [ctx.Process(target=_client, args=(port, paths, interval, i, clients, None if rate else seconds,
+                                               ready, go, t0, out))
              for i in range(clients)]
     for p in procs:
         p.start()
+    for _ in procs:
+        ready.get()
+    start = t0.value = time.perf_counter() + 0.2  # CLOCK_MONOTONIC: the same clock in every process
+    go.set()
     results = [r for _ in procs for r in out.get()]
     for p in procs:
         p.join()
