@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from . import routes_api, routes_jobs, routes_pages
 from .assets import install_assets
+from .bestcache import BestCache
 from .errors import install_error_handlers
 from .jobs import JobQueue
 from .reads import Reads
@@ -26,10 +27,12 @@ def _error_page(request: Request, status: int, detail: str, allowed: list[str] |
     )
 
 
-def create_app(database: db.Database | str | None = None, *, api_token: str | None = None) -> FastAPI:
+def create_app(database: db.Database | str | None = None, *, api_token: str | None = None,
+               best_refresh_s: float = 0.5) -> FastAPI:
     """Build the app over a database (an open `Database`, a URL, or None: GEMMTUNE_DB, then the default).
 
     api_token: the write token; None reads GEMMTUNE_API_TOKEN. Empty or unset: writes answer 403.
+    best_refresh_s: how often /api/best checks the database for new results (api/bestcache.py).
     """
     if not isinstance(database, db.Database):
         database = db.open_database(database)
@@ -42,6 +45,7 @@ def create_app(database: db.Database | str | None = None, *, api_token: str | No
     )
     app.state.database = database
     app.state.reads = Reads(database)
+    app.state.best_cache = BestCache(database, best_refresh_s)
     app.state.jobs = JobQueue(database)
     token = api_token if api_token is not None else os.environ.get(TOKEN_ENV)
     app.state.api_token = token or None  # "" counts as unset: writes stay off
@@ -52,3 +56,8 @@ def create_app(database: db.Database | str | None = None, *, api_token: str | No
     app.include_router(routes_pages.router)
     app.include_router(routes_jobs.pages)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app over $GEMMTUNE_DB: the factory each uvicorn worker process calls (python -m api --workers N)."""
+    return create_app(None)

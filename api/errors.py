@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,14 @@ def describe_validation(errors: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route fully matches on this request's path."""
+    return [
+        method for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]  # fmt: skip
+
+
 HtmlRenderer = Callable[[Request, int, str, "list[str] | None"], Response]
 
 
@@ -80,8 +89,15 @@ def install_error_handlers(app: FastAPI, html: HtmlRenderer) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        response = answer(request, exc.status_code, detail, None)
-        for key, value in (exc.headers or {}).items():
+        headers = dict(exc.headers or {})
+        allowed: list[str] | None = None
+        if exc.status_code == 405 and (allowed := allowed_methods(app, request)):
+            # Starlette names the methods of the first route on this path only (POST /api/jobs
+            # hid GET /api/jobs); list every route's.
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"method {request.method} not allowed on {request.url.path}; allowed: {headers['Allow']}"
+        response = answer(request, exc.status_code, detail, allowed)
+        for key, value in headers.items():
             response.headers[key] = value
         return response
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import db
 import kernels
+from gemmtune.precision import allowed_families
 
 from . import schemas as s
+from .bestcache import Snapshot
 from .errors import ApiError, not_found
 
 MAX_DIM = 1 << 20  # per dimension; larger shapes are refused with a 422
@@ -57,7 +59,7 @@ def best_config(b: db.BestResult) -> s.BestConfig:
         family=b.family, source_hash=b.source_hash, config=dict(b.params), gflops=b.gflops,
         time_median_ms=b.time_median_ms, cublas_gflops=b.baseline_gflops, fraction_of_cublas=b.fraction_of_cublas,
         occupancy=b.occupancy, registers=b.registers, run_id=b.run_id, trial_number=b.trial_number,
-        problem=problem_out(b.problem),
+        trial_id=b.trial_id, problem=problem_out(b.problem),
     )  # fmt: skip
 
 
@@ -134,15 +136,46 @@ class Reads:
 
     # --- best -------------------------------------------------------------------------------
 
-    def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True) -> s.BestOut:
+    @staticmethod
+    def precision_families(precision: str, kernel: str | None = None) -> list[str] | None:
+        """Family names a precision admits (None: no filter, "fp32" admits every class); 422 when
+        the kernel filter names a family outside them."""
+        if precision == "fp32":
+            return None
+        names = sorted(allowed_families(precision))
+        if kernel is not None and kernel not in names:
+            raise ApiError(422, f"kernel {kernel!r} is not a {precision} family; precision={precision} allows: "
+                                f"{', '.join(names)}", names)
+        return names
+
+    def best_from(self, snap: Snapshot | None, gpu: str, m: int, n: int, k: int, kernel: str | None,
+                  nearest: bool = True, precision: str = "fp32",
+                  source_hashes: list[str] | None = None) -> s.BestOut | None:
+        """The answer from a snapshot, or None when it needs the database (a GPU or a family name
+        the snapshot does not know: answered, or refused, by `best`)."""
+        if snap is None or not snap.gpu_ids(gpu) or (kernel is not None and kernel not in kernels.FAMILIES):
+            return None
+        families = self.precision_families(precision, kernel)
+        found = snap.best(gpu, m, n, k, kernel, nearest, families, source_hashes)
+        return self._best_out(found, snap.first_gpu_name(gpu), m, n, k, kernel)
+
+    def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True,
+             precision: str = "fp32", source_hashes: list[str] | None = None) -> s.BestOut:
         family = self.check_kernel(kernel) if kernel is not None else None
+        families = self.precision_families(precision, family)
         try:
-            found = self.db.best(gpu, m, n, k, family=family, nearest=nearest)
+            found = self.db.best(gpu, m, n, k, family=family, nearest=nearest, families=families,
+                                 source_hashes=source_hashes)
         except db.UnknownGpuError:
             raise self.unknown_gpu(gpu) from None
+        return self._best_out(found, None if found else self.resolve_gpu(gpu)[0].name, m, n, k, family)
+
+    @staticmethod
+    def _best_out(found: db.BestResult | None, gpu_name: str | None, m: int, n: int, k: int,
+                  family: str | None) -> s.BestOut:
         requested = s.Shape(m=m, n=n, k=k)
         if found is None:
-            return s.BestOut(match="none", gpu=self.resolve_gpu(gpu)[0].name, requested=requested, kernel=family)
+            return s.BestOut(match="none", gpu=gpu_name, requested=requested, kernel=family)
         p = found.problem
         return s.BestOut(
             match=found.match, gpu=found.gpu_name, requested=requested, shape=s.Shape(m=p.m, n=p.n, k=p.k),
@@ -227,13 +260,14 @@ class Reads:
 
     # --- overview and problem comparison ---------------------------------------------------------
 
-    def overview(self) -> list[s.OverviewCellOut]:
+    def overview(self, precision: str = "fp32") -> list[s.OverviewCellOut]:
+        families = self.precision_families(precision)
         return [
             s.OverviewCellOut(
                 gpu=c.gpu_name, problem=problem_out(c.problem), best_gflops=c.best_gflops,
                 fraction_of_cublas=c.fraction_of_cublas, family=c.family, run_id=c.run_id,
             )  # fmt: skip
-            for c in self.db.overview()
+            for c in self.db.overview(families=families)
         ]
 
     def compare_families(self, problem_id: int, gpu: str) -> s.FamilyComparison:

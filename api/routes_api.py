@@ -11,8 +11,11 @@ from enum import StrEnum
 from typing import Annotated
 
 import db
+import kernels
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from gemmtune.pack import build_pack
 
 from . import schemas as s
 from .auth import require_write_token
@@ -24,6 +27,11 @@ TrialState = StrEnum("TrialState", {v: v for v in db.TRIAL_STATES})
 RunState = StrEnum("RunState", {v: v for v in db.RUN_STATES})
 
 
+Precision = StrEnum("Precision", {v: v for v in kernels.PRECISIONS})
+PRECISION_DOC = ("fp32 (default): every family, FFMA or FP32-accurate tensor-core emulation (tf32x3); "
+                 "ffma: only families computing with plain FP32 FFMA (kernels' Family.precision).")
+
+
 class ExportFormat(StrEnum):
     csv = "csv"
     json = "json"
@@ -32,10 +40,16 @@ class ExportFormat(StrEnum):
 ERRORS = {
     404: {"model": s.ErrorOut, "description": "Unknown GPU, kernel family, run or problem (the known ones listed)."},
     422: {"model": s.ErrorOut, "description": "A parameter is missing, not an integer, or out of range."},
+    503: {"model": s.ErrorOut, "description": "The results database cannot be read."},
+}
+WRITE_ERRORS = {
+    401: {"model": s.ErrorOut, "description": "tune=true without an `Authorization: Bearer` header, or a malformed one."},
+    403: {"model": s.ErrorOut, "description": "tune=true with a wrong token, or the server has no GEMMTUNE_API_TOKEN."},
 }
 
 # Names may be looked up in PostgreSQL, which refuses NUL; no real name holds control characters.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+HASH_PATTERN = r"^[0-9a-fA-F]{64}$"
 DIM_DOC = f"positive integer, at most {MAX_DIM} (1<<20)"
 ID_MAX = 2**63 - 1  # SQL BIGINT; larger ids cannot exist and would overflow the driver
 
@@ -46,7 +60,8 @@ RunId = Annotated[int, Path(ge=1, le=ID_MAX, description="Run id.")]
 Offset = Annotated[int, Query(ge=0, le=ID_MAX)]
 
 
-def reads(request: Request) -> Reads:
+async def reads(request: Request) -> Reads:
+    # async: FastAPI runs a plain-def dependency in its thread pool, a hop /api/best need not pay.
     return request.app.state.reads
 
 
@@ -73,30 +88,65 @@ def list_problems(r: Db) -> list[s.ProblemOut]:
 @router.get(
     "/best",
     response_model=s.BestOut,
+    responses=WRITE_ERRORS,
     summary="Best verified config for a GPU and shape",
     description="The fastest verified (`ok`) config for this GPU and shape. When the shape was never tuned, "
     "the best config of the nearest tuned shape (log2 distance) on the same GPU, `match: nearest`; "
     "`match: none` when nothing was tuned on that GPU. With `tune=true` (needs the write token) a miss, i.e. any "
     "answer but `exact`, also queues a tuning job for this GPU model and shape (and `kernel`, if given), "
-    "returned as `job`; an open job for the same GPU model and shape is returned instead of a new one.",
+    "returned as `job`; an open job for the same GPU model and shape is returned instead of a new one. "
+    "Answered from an in-memory snapshot of the best results, refreshed within a second of new trials landing.",
 )
-def best(
+async def best(
     r: Db, request: Request, gpu: Gpu, m: Dim, n: Dim, k: Dim, kernel: Kernel = None, nearest: bool = True,
+    precision: Annotated[Precision, Query(description=PRECISION_DOC)] = Precision.fp32,
+    source_hash: Annotated[list[Annotated[str, Query(pattern=HASH_PATTERN)]] | None, Query(
+        max_length=100, description="Only results of these family versions (sha256 of the family's CUDA source, "
+        "repeatable): gemmtune.matmul sends the versions it has installed.")] = None,
     tune: Annotated[bool, Query(description="On a miss, queue a tuning job (needs the write token).")] = False,
     authorization: Annotated[str | None, Header(description="`Bearer <GEMMTUNE_API_TOKEN>`, for tune=true")] = None,
 ) -> s.BestOut:
     if tune:
         require_write_token(request, authorization)
-    found = r.best(gpu, m, n, k, kernel, nearest)
+    cache = request.app.state.best_cache
+    snap = await run_in_threadpool(cache.refresh) if cache.due() else cache.snapshot
+    # From memory on the event loop; a GPU or family the snapshot does not know goes to the database.
+    hashes = None if source_hash is None else [h.lower() for h in source_hash]
+    found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes)
+    if found is None:
+        found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes)
     if tune and found.match != "exact":
         families = [found.kernel] if found.kernel else None
-        found.job, _ = request.app.state.jobs.enqueue(gpu, m, n, k, families=families, budget={}, origin="best")
+        if families is None and precision is not Precision.fp32:
+            families = r.precision_families(precision.value)
+        found.job, _ = await run_in_threadpool(
+            lambda: request.app.state.jobs.enqueue(gpu, m, n, k, families=families, budget={}, origin="best"))
     return found
 
 
 @router.get("/overview", response_model=list[s.OverviewCellOut], summary="Best per GPU and problem")
-def overview(r: Db) -> list[s.OverviewCellOut]:
-    return r.overview()
+def overview(r: Db, precision: Annotated[Precision, Query(description=PRECISION_DOC)] = Precision.fp32
+             ) -> list[s.OverviewCellOut]:
+    return r.overview(precision.value)
+
+
+@router.get(
+    "/pack",
+    summary="A pack: the best configs per GPU model, shape and arithmetic class, with provenance",
+    description="The JSON file `python -m gemmtune export-pack` writes (format in gemmtune/pack.py), built from "
+    "the results of the family versions this server has installed; `gemmtune.matmul(source='pack.json')` reads it "
+    "with no database.",
+    responses={200: {"content": {"application/json": {}}, "description": "The pack."}},
+)
+def pack(
+    r: Db,
+    gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN,
+                                     description="Only this GPU model (name or UUID).")] = None,
+    precision: Annotated[Precision, Query(description=PRECISION_DOC)] = Precision.fp32,
+) -> dict:
+    if gpu is not None:
+        r.resolve_gpu(gpu)
+    return build_pack(r.db, gpus=None if gpu is None else [gpu], precision=precision.value)
 
 
 @router.get(

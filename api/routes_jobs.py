@@ -28,10 +28,13 @@ Jobs = Annotated[JobQueue, Depends(job_queue)]
 JobId = Annotated[int, Path(ge=1, le=ID_MAX, description="Job id.")]
 
 ERRORS = {
+    400: {"model": s.ErrorOut, "description": "A request body that cannot be parsed (e.g. not UTF-8)."},
     401: {"model": s.ErrorOut, "description": "No or malformed `Authorization: Bearer` header."},
     403: {"model": s.ErrorOut, "description": "Wrong token, or the server has no GEMMTUNE_API_TOKEN (read-only)."},
     404: {"model": s.ErrorOut, "description": "Unknown job id or GPU."},
-    422: {"model": s.ErrorOut, "description": "Unknown GPU model or kernel family, size or budget out of range."},
+    422: {"model": s.ErrorOut, "description": "Unknown GPU model or kernel family, size or budget out of range, "
+          "malformed JSON."},
+    503: {"model": s.ErrorOut, "description": "The results database cannot be read."},
 }
 router = APIRouter(prefix="/api", tags=["jobs"], responses=ERRORS)
 pages = APIRouter(include_in_schema=False)

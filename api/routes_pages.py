@@ -11,7 +11,7 @@ from fastapi.templating import Jinja2Templates
 
 from .assets import TEMPLATE_DIR
 from .reads import Reads
-from .routes_api import ID_MAX, NAME_PATTERN
+from .routes_api import ID_MAX, NAME_PATTERN, Precision
 
 templates = Jinja2Templates(directory=TEMPLATE_DIR)
 router = APIRouter(include_in_schema=False)
@@ -55,9 +55,9 @@ def _reads(request: Request) -> Reads:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request) -> HTMLResponse:
+def overview(request: Request, precision: Precision = Precision.fp32) -> HTMLResponse:
     r = _reads(request)
-    cells = r.overview()
+    cells = r.overview(precision.value)
     gpus = sorted({c.gpu for c in cells})
     problems = sorted({c.problem.id: c.problem for c in cells}.values(), key=lambda p: (p.m, p.n, p.k))
     grid = {(c.gpu, c.problem.id): c for c in cells}
@@ -65,6 +65,7 @@ def overview(request: Request) -> HTMLResponse:
     return render(
         request, "overview.html", gpus=gpus, problems=problems, grid=grid, runs=runs,
         run_states=[{"id": run.id, "state": run.state, "n_trials": run.n_trials} for run in runs], n_gpus=len(r.gpus()), n_problems=len(r.problems()),
+        precision=precision.value,
     )  # fmt: skip
 
 

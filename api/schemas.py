@@ -70,6 +70,7 @@ class BestConfig(BaseModel):
     registers: int | None = Field(default=None, description="Registers per thread (ptxas).")
     run_id: int
     trial_number: int
+    trial_id: int | None = Field(default=None, description="The trial's id in the results database.")
     problem: ProblemOut = Field(description="The shape this config was measured on.")
 
 

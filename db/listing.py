@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from . import convert, validate
@@ -142,12 +143,14 @@ class Listings(DatabaseCore):
                 counts[state] = count
             return counts
 
-    def overview(self) -> list[OverviewCell]:
+    def overview(self, *, families: Collection[str] | None = None) -> list[OverviewCell]:
         """The best verified trial of every (GPU name, problem) pair, with its fraction of cuBLAS.
 
         A GPU name covers every board of that name; the cuBLAS baseline is the latest one
-        measured on the winning trial's own board.
+        measured on the winning trial's own board. `families`: only these family names count
+        (e.g. one precision class); None: all.
         """
+        names = validate.names("families", families)
         rank = func.row_number().over(
             partition_by=(GpuRow.name, ProblemRow.id),
             order_by=(TrialRow.gflops.desc(), TrialRow.id),
@@ -157,7 +160,9 @@ class Listings(DatabaseCore):
             .join(RunRow, TrialRow.run_id == RunRow.id)
             .join(GpuRow, RunRow.gpu_id == GpuRow.id)
             .join(ProblemRow, RunRow.problem_id == ProblemRow.id)
-            .where(TrialRow.state == "ok")
+            .join(FamilyRow, RunRow.family_id == FamilyRow.id)
+            .where(TrialRow.state == "ok",
+                   FamilyRow.name.in_(sorted(names)) if names is not None else true())
             .subquery()
         )
         query = (

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from . import convert, validate
+from .listing import _latest_baselines
 from .core import DatabaseCore
 from .models import BaselineRow, FamilyRow, GpuRow, ProblemRow, RunRow, TrialRow
 from .records import Baseline, BestResult, NearestProblem
@@ -40,32 +41,45 @@ def _ok_trials() -> Select[Any]:
     )
 
 
-def _family_filter(query: Select[Any], family: str | None, source_hash: str | None) -> Select[Any]:
+def _family_filter(query: Select[Any], family: str | None, source_hash: str | None,
+                   families: Collection[str] | None = None,
+                   source_hashes: Collection[str] | None = None) -> Select[Any]:
+    """Restrict to one family / version, and to sets of them (a precision class, the installed
+    versions); the filters add up. An empty set matches nothing."""
     validate.text("family", family, optional=True)
     validate.text("source_hash", source_hash, optional=True)
+    names = validate.names("families", families)
+    hashes = validate.names("source_hashes", source_hashes)
     if family is not None:
         query = query.where(FamilyRow.name == family)
     if source_hash is not None:
         query = query.where(FamilyRow.source_hash == source_hash.lower())
+    if names is not None:
+        query = query.where(FamilyRow.name.in_(sorted(names)))
+    if hashes is not None:
+        query = query.where(FamilyRow.source_hash.in_(sorted(h.lower() for h in hashes)))
     return query
 
 
 class Queries(DatabaseCore):
     def best(self, gpu: str, m: int, n: int, k: int, family: str | None = None,
-             nearest: bool = True, *, source_hash: str | None = None, dtype: str = "fp32",
-             layout: str = "row-major", general_alpha_beta: bool = True) -> BestResult | None:
+             nearest: bool = True, *, source_hash: str | None = None,
+             families: Collection[str] | None = None, source_hashes: Collection[str] | None = None,
+             dtype: str = "fp32", layout: str = "row-major",
+             general_alpha_beta: bool = True) -> BestResult | None:
         """The fastest verified config for (gpu, problem), optionally of one family.
 
         gpu is a name or UUID (any case); a name covers every GPU of that name. Only trials in
         state "ok" qualify. When the exact problem has none and `nearest` is set, the answer
         comes from the closest tuned problem (see log2_distance), with match="nearest".
-        None when nothing qualifies; an unknown gpu raises UnknownGpuError.
+        None when nothing qualifies; an unknown gpu raises UnknownGpuError. `families` and
+        `source_hashes` restrict to sets of family names / versions (both for exact and nearest).
         """
         requested = validate.shape(m, n, k)
         validate.problem_kind(dtype, layout, general_alpha_beta)
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
-            query = _family_filter(_ok_trials(), family, source_hash).where(
+            query = _family_filter(_ok_trials(), family, source_hash, families, source_hashes).where(
                 RunRow.gpu_id.in_(gpu_ids),
                 ProblemRow.dtype == dtype, ProblemRow.layout == layout,
                 ProblemRow.general_alpha_beta == general_alpha_beta,
@@ -78,7 +92,8 @@ class Queries(DatabaseCore):
             if not nearest:
                 return None
             candidates = self._tuned_problems(session, gpu_ids, requested, family, source_hash,
-                                              dtype, layout, general_alpha_beta)
+                                              dtype, layout, general_alpha_beta, families,
+                                              source_hashes)
             if not candidates:
                 return None
             closest = candidates[0]
@@ -86,6 +101,7 @@ class Queries(DatabaseCore):
             return _best_result(session, row, requested, "nearest", closest.distance)
 
     def top_k(self, gpu: str, m: int, n: int, k: int, *, family: str | None = None,
+              families: Collection[str] | None = None,
               limit: int = 10, dtype: str = "fp32", layout: str = "row-major",
               general_alpha_beta: bool = True) -> list[BestResult]:
         """The `limit` fastest verified trials for exactly this (gpu, problem), best first."""
@@ -94,7 +110,7 @@ class Queries(DatabaseCore):
         _, limit = validate.paging(0, limit)
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
-            query = _family_filter(_ok_trials(), family, None).where(
+            query = _family_filter(_ok_trials(), family, None, families).where(
                 RunRow.gpu_id.in_(gpu_ids), ProblemRow.m == m, ProblemRow.n == n,
                 ProblemRow.k == k, ProblemRow.dtype == dtype, ProblemRow.layout == layout,
                 ProblemRow.general_alpha_beta == general_alpha_beta,
@@ -113,8 +129,8 @@ class Queries(DatabaseCore):
                     for row in session.execute(query)]
 
     def nearest_problems(self, gpu: str, m: int, n: int, k: int, limit: int = 5, *,
-                         family: str | None = None, dtype: str = "fp32",
-                         layout: str = "row-major",
+                         family: str | None = None, families: Collection[str] | None = None,
+                         dtype: str = "fp32", layout: str = "row-major",
                          general_alpha_beta: bool = True) -> list[NearestProblem]:
         """Problems tuned on this gpu (≥ 1 ok trial), closest to (m, n, k) first.
 
@@ -128,7 +144,7 @@ class Queries(DatabaseCore):
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
             return self._tuned_problems(session, gpu_ids, requested, family, None, dtype,
-                                        layout, general_alpha_beta)[:limit]
+                                        layout, general_alpha_beta, families)[:limit]
 
     def latest_baseline(self, gpu_id: int, problem_id: int,
                         library: str = "cublas") -> Baseline | None:
@@ -136,10 +152,63 @@ class Queries(DatabaseCore):
             row = _latest_baseline(session, gpu_id, problem_id, library)
             return None if row is None else convert.baseline(row)
 
+    def best_table(self) -> list[BestResult]:
+        """The fastest ok trial of every (GPU board, problem, family version), best first per
+        group, with the latest cuBLAS baseline of its board and problem (match "exact").
+
+        Everything `best` can answer is a pick from this table, so a reader that keeps it in
+        memory (the API) answers best/nearest without a query; `change_marker` says when to
+        reload it.
+        """
+        rank = func.row_number().over(
+            partition_by=(RunRow.gpu_id, RunRow.problem_id, RunRow.family_id),
+            order_by=(TrialRow.gflops.desc(), TrialRow.id),
+        ).label("rank")
+        ranked = (select(TrialRow.id.label("trial_id"), rank)
+                  .join(RunRow, TrialRow.run_id == RunRow.id)
+                  .where(TrialRow.state == "ok").subquery())
+        query = (select(*_BEST_COLUMNS)
+                 .join(ranked, (ranked.c.trial_id == TrialRow.id) & (ranked.c.rank == 1))
+                 .join(RunRow, TrialRow.run_id == RunRow.id)
+                 .join(GpuRow, RunRow.gpu_id == GpuRow.id)
+                 .join(ProblemRow, RunRow.problem_id == ProblemRow.id)
+                 .join(FamilyRow, RunRow.family_id == FamilyRow.id)
+                 .order_by(TrialRow.gflops.desc(), TrialRow.id))
+        with self._reading() as session:
+            baselines = _latest_baselines(session)
+            out = []
+            for row in session.execute(query):
+                trial, run, gpu, problem, family = row
+                base = baselines.get((gpu.id, problem.id))
+                shape = (problem.m, problem.n, problem.k)
+                out.append(BestResult(
+                    match="exact", distance=0.0, requested=shape, problem=convert.problem(problem),
+                    gpu_id=gpu.id, gpu_name=gpu.name, gpu_uuid=gpu.uuid, family=family.name,
+                    source_hash=family.source_hash, run_id=run.id, trial_id=trial.id,
+                    trial_number=trial.number, params=dict(trial.params), gflops=trial.gflops,
+                    time_median_ms=trial.time_median_ms, occupancy=trial.occupancy,
+                    registers=trial.registers, shared_bytes=trial.shared_bytes,
+                    spill_bytes=trial.spill_bytes, baseline_gflops=base,
+                    fraction_of_cublas=None if base is None else trial.gflops / base,
+                ))
+            return out
+
+    def change_marker(self) -> tuple[int, ...]:
+        """A cheap fingerprint of everything `best_table` and the GPU list depend on: it changes
+        whenever a trial, baseline, GPU, problem or family version is added. Rows of these tables
+        are only ever inserted (never edited in their best-relevant columns nor deleted; a GPU's
+        refresh never changes its name or UUID), so the newest id of each says it all: five
+        primary-key index lookups, however large the tables."""
+        cols = [select(func.coalesce(func.max(model.id), 0)).scalar_subquery()
+                for model in (TrialRow, BaselineRow, GpuRow, ProblemRow, FamilyRow)]
+        with self._reading() as session:
+            return tuple(int(v) for v in session.execute(select(*cols)).one())
+
     @staticmethod
     def _tuned_problems(session: Session, gpu_ids: Sequence[int], requested: tuple[int, int, int],
                         family: str | None, source_hash: str | None, dtype: str, layout: str,
-                        general_alpha_beta: bool) -> list[NearestProblem]:
+                        general_alpha_beta: bool, families: Collection[str] | None = None,
+                        source_hashes: Collection[str] | None = None) -> list[NearestProblem]:
         query = _family_filter(
             select(ProblemRow, func.max(TrialRow.gflops), func.count(TrialRow.id))
             .join(RunRow, RunRow.problem_id == ProblemRow.id)
@@ -149,7 +218,7 @@ class Queries(DatabaseCore):
                    ProblemRow.dtype == dtype, ProblemRow.layout == layout,
                    ProblemRow.general_alpha_beta == general_alpha_beta)
             .group_by(ProblemRow.id),
-            family, source_hash,
+            family, source_hash, families, source_hashes,
         )
         # Few tuned shapes per GPU: rank in Python, where log2 is the same on every backend.
         found = [

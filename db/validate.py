@@ -59,6 +59,15 @@ def text(what: str, value: Any, *, optional: bool = False) -> None:
         raise bad_value(what, value, "a non-empty string")
 
 
+def names(what: str, value: Any) -> frozenset[str] | None:
+    """An optional collection of non-empty strings (a filter: None means no filter)."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise bad_value(what, value, "a collection of non-empty strings (not one string), or None")
+    return frozenset(value)
+
+
 def json_dict(what: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_value(what, value, "a JSON-serialisable dict")

@@ -12,6 +12,7 @@ COPY kernels /src/kernels
 COPY tuner /src/tuner
 COPY db /src/db
 COPY api /src/api
+COPY gemmtune /src/gemmtune
 RUN pip install /src && rm -rf /src
 
 RUN useradd --system --create-home --shell /usr/sbin/nologin gemmtune

@@ -29,6 +29,7 @@ COPY kernels /src/kernels
 COPY tuner /src/tuner
 COPY db /src/db
 COPY api /src/api
+COPY gemmtune /src/gemmtune
 RUN pip install '/src[gpu]' && rm -rf /src
 
 # An unprivileged user; the CUBIN cache folder is theirs, so a named volume mounted there is too.

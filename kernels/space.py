@@ -29,6 +29,13 @@ MAX_SHARED_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1
 
 _ACCEPTED: dict[tuple[type, str], list[dict[str, int]]] = {}
 
+# Arithmetic classes (Family.precision) and, per precision a caller may ask for
+# (gemmtune.matmul(precision=...), /api/best?precision=...), the classes it admits.
+# "ffma": plain FP32 fused multiply-adds on CUDA cores. "fp32-tc": FP32-accurate emulation on
+# tensor cores (operands split into TF32 parts, e.g. 3xTF32): same float64 error bound in the
+# tests, different rounding order. Plain TF32 (or anything less accurate) has no class here.
+PRECISIONS: dict[str, tuple[str, ...]] = {"ffma": ("ffma",), "fp32": ("ffma", "fp32-tc")}
+
 
 class ConfigError(ValueError):
     """An unknown family, parameter or value, or a missing parameter."""
@@ -106,6 +113,9 @@ class Family:
     params: tuple[Param, ...]
     constraints: tuple[Constraint, ...] = ()
     kernel_name = "gemm"
+    # The family's arithmetic: one of PRECISIONS["fp32"]. Deliberately no default: a family that
+    # does not say is offered under no precision (and tests/test_kernels_space.py fails).
+    precision: str
     # Configs measured to be good somewhere (which GPU and shape: beside each family's list).
     # A tuner with no history for a problem measures these first, as Triton's autotuner starts
     # from its declared configs; the search then goes on from them.

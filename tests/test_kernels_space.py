@@ -100,3 +100,17 @@ def test_shared_memory_limit_depends_on_arch():
     assert fam.reject_reasons(dict(base, STAGES=2), "sm_86") == []  # 97 KiB fits in 99 KiB
     too_big = dict(base, BN=256, THREADS=512)  # 264 KiB
     assert any("shared memory" in r for r in fam.reject_reasons(too_big, "sm_90"))
+
+
+def test_every_family_declares_its_arithmetic():
+    # Each family must say what it computes with; gemmtune.matmul(precision="ffma") relies on it
+    # to keep tensor-core emulation out, and a family that forgets is offered under no precision.
+    from kernels import PRECISIONS
+
+    classes = set(PRECISIONS["fp32"])
+    assert set(PRECISIONS["ffma"]) == {"ffma"} and classes == {"ffma", "fp32-tc"}
+    for name, fam in FAMILIES.items():
+        assert "precision" in vars(type(fam)), f"{name} inherits its precision instead of declaring it"
+        assert fam.precision in classes, f"{name}: precision {fam.precision!r} not in {sorted(classes)}"
+    assert get_family("tf32x3").precision == "fp32-tc"
+    assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3"}

@@ -7,6 +7,7 @@ TILE = (16, 32, 64, 128, 256)
 class BlockTile1D(Family):
     name = "blocktile1d"
     rung = 3
+    precision = "ffma"
     description = "BM x BN block tile, BK-deep shared-memory slices; each thread accumulates TM results."
     source_file = "blocktile1d.cu"
     params = (

@@ -8,6 +8,7 @@ RASTER = Param("RASTER", (1, 4, 8, 16), "block-order group height for L2 reuse (
 class BlockTile2D(Family):
     name = "blocktile2d"
     rung = 4
+    precision = "ffma"
     description = "Each thread computes a TM x TN outer product per k from register fragments."
     source_file = "blocktile2d.cu"
     params = (

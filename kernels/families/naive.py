@@ -5,6 +5,7 @@ from kernels.space import Config, Family, Param
 class Naive(Family):
     name = "naive"
     rung = 1
+    precision = "ffma"
     description = "One thread per element of C; COALESCED maps consecutive threads to consecutive columns."
     source_file = "naive.cu"
     params = (

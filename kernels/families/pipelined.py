@@ -8,6 +8,7 @@ STAGES = Param("STAGES", (2, 3, 4), "shared-memory tiles in flight (cp.async rin
 class Pipelined(Family):
     name = "pipelined"
     rung = 7
+    precision = "ffma"
     description = ("Warptiling fed by a STAGES-deep cp.async ring of shared-memory tiles, with "
                    "register fragments prefetched one k-step ahead.")
     source_file = "pipelined.cu"
@@ -27,6 +28,7 @@ class Pipelined(Family):
 class SplitK(Pipelined):
     name = "splitk"
     rung = 8
+    precision = "ffma"
     description = ("The pipelined kernel with K cut into SPLITK slices (blockIdx.z), partial sums in a "
                    "workspace and a reduction kernel; for small M*N and large K.")
     params = Pipelined.params + (Param("SPLITK", (2, 4, 8, 16, 32), "slices of K"),)

@@ -12,6 +12,7 @@ def stage_floats(c: Config) -> int:
 class Skinny(Family):
     name = "skinny"
     rung = 10
+    precision = "ffma"
     description = ("Small M against a large B (bandwidth-bound, e.g. 16x4096x4096): each warp streams "
                    "batches of B rows through its own cp.async ring, lanes keep TM x 4 outputs; warps "
                    "split K in the block, SPLITK across blocks.")

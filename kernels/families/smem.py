@@ -5,6 +5,7 @@ from kernels.space import Config, Family, Param
 class SharedMemory(Family):
     name = "smem"
     rung = 2
+    precision = "ffma"
     description = "TILE x TILE tiles of A and B staged in shared memory; one thread per element of C."
     source_file = "smem.cu"
     params = (Param("TILE", (8, 16, 32), "tile edge; the block has TILE*TILE threads"),)

@@ -12,6 +12,7 @@ def warps(c: Config) -> int:
 class Tf32x3(Family):
     name = "tf32x3"
     rung = 9
+    precision = "fp32-tc"
     description = ("Tensor cores at FP32 accuracy: each operand split into a TF32 part and its "
                    "remainder, three mma.sync per product; cp.async ring; optional split-K.")
     source_file = "tf32x3.cu"

@@ -8,6 +8,7 @@ PADA = Param("PADA", (0, 4), "floats of padding per row of the transposed A tile
 class Vectorized(Family):
     name = "vectorized"
     rung = 5
+    precision = "ffma"
     description = "2D blocking with float4 loads/stores, transposed+padded A tile, float4 fragment reads."
     source_file = "vectorized.cu"
     params = (

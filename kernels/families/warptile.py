@@ -47,6 +47,7 @@ WARP_CONSTRAINTS = (
 class WarpTile(Family):
     name = "warptile"
     rung = 6
+    precision = "ffma"
     description = "Block tile -> warp tiles -> per-lane TM x TN patches; float4 loads through registers."
     source_file = "warptile.cu"
     params = WARP_PARAMS

@@ -1,0 +1,124 @@
+"""/api/best from memory: a snapshot of `db.best_table()` (the fastest ok trial per GPU board,
+problem and family version) answers best and nearest exactly as `db.Database.best` would, with no
+query per request.
+
+Freshness: at most every `refresh_s` seconds one request checks `db.change_marker()` (a single
+cheap query) and, when trials, baselines, GPUs, problems or family versions were added, reloads
+the snapshot; the others keep answering from the current one meanwhile. So an answer is at most
+`refresh_s` (plus one reload) behind the database. Each uvicorn worker keeps its own snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+import db
+
+MEMO_MAX = 50_000  # answers remembered per snapshot (a query mix with random shapes stays bounded)
+DEFAULT_KIND = ("fp32", "row-major", True)  # what /api/best asks for
+
+
+@dataclass(frozen=True)
+class _Problem:
+    id: int
+    shape: tuple[int, int, int]
+
+
+class Snapshot:
+    """Immutable index over one best_table(): per board, per problem, rows fastest first."""
+
+    def __init__(self, marker: tuple[int, ...], rows: list[db.BestResult], gpus: list[db.Gpu]) -> None:
+        self.marker = marker
+        self.gpus = gpus
+        self._ids: dict[str, list[int]] = defaultdict(list)
+        for g in sorted(gpus, key=lambda g: g.id):
+            self._ids[g.name.lower()].append(g.id)
+            self._ids[g.uuid.lower()].append(g.id)
+        self._rows: dict[int, dict[_Problem, list[db.BestResult]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:  # best_table comes fastest first (ties: oldest trial), which every pick keeps
+            p = r.problem
+            if (p.dtype, p.layout, p.general_alpha_beta) == DEFAULT_KIND:
+                self._rows[r.gpu_id][_Problem(p.id, (p.m, p.n, p.k))].append(r)
+        self._memo: dict[tuple, db.BestResult | None] = {}
+
+    def gpu_ids(self, gpu: str) -> list[int]:
+        return self._ids.get(gpu.strip().lower(), [])
+
+    def first_gpu_name(self, gpu: str) -> str:
+        key = gpu.strip().lower()
+        found = sorted((g for g in self.gpus if key in (g.name.lower(), g.uuid.lower())), key=lambda g: g.uuid)
+        return found[0].name
+
+    def best(self, gpu: str, m: int, n: int, k: int, family: str | None, nearest: bool,
+             families: Collection[str] | None, source_hashes: Collection[str] | None = None) -> db.BestResult | None:
+        """As db.Database.best(gpu, m, n, k, family, nearest, families=…, source_hashes=…); the gpu
+        must be known."""
+        key = (gpu.strip().lower(), m, n, k, family, nearest, None if families is None else frozenset(families),
+               None if source_hashes is None else frozenset(h.lower() for h in source_hashes))
+        if key in self._memo:
+            return self._memo[key]
+        found = self._best(key[0], (m, n, k), family, nearest, key[6], key[7])
+        if len(self._memo) >= MEMO_MAX:
+            self._memo.clear()
+        self._memo[key] = found
+        return found
+
+    def _best(self, gpu_key: str, requested: tuple[int, int, int], family: str | None, nearest: bool,
+              families: frozenset[str] | None, hashes: frozenset[str] | None) -> db.BestResult | None:
+        def allowed(r: db.BestResult) -> bool:
+            return ((family is None or r.family == family) and (families is None or r.family in families)
+                    and (hashes is None or r.source_hash in hashes))
+
+        by_problem: dict[_Problem, list[db.BestResult]] = defaultdict(list)
+        for gpu_id in self._ids.get(gpu_key, []):
+            for problem, rows in self._rows.get(gpu_id, {}).items():
+                by_problem[problem].extend(r for r in rows if allowed(r))
+        by_problem = {p: rows for p, rows in by_problem.items() if rows}
+
+        def fastest(rows: list[db.BestResult]) -> db.BestResult:
+            return min(rows, key=lambda r: (-r.gflops, r.trial_id))
+
+        exact = [p for p in by_problem if p.shape == requested]
+        if exact:
+            return replace(fastest([r for p in exact for r in by_problem[p]]), requested=requested)
+        if not nearest or not by_problem:
+            return None
+        ranked = sorted(by_problem, key=lambda p: (db.log2_distance(p.shape, requested), p.shape[0] * p.shape[1] * p.shape[2],
+                                                   p.shape[0], p.shape[1], p.id))
+        closest = ranked[0]
+        return replace(fastest(by_problem[closest]), match="nearest", requested=requested,
+                       distance=db.log2_distance(closest.shape, requested))
+
+
+class BestCache:
+    def __init__(self, database: db.Database, refresh_s: float = 0.5) -> None:
+        self.db = database
+        self.refresh_s = refresh_s
+        self.snapshot: Snapshot | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        self.reloads = 0
+
+    def due(self) -> bool:
+        return self.snapshot is None or time.monotonic() - self._checked >= self.refresh_s
+
+    def refresh(self) -> Snapshot:
+        """Reload if the database changed. One caller works at a time; while a snapshot exists the
+        others do not wait for it (they answer from the current one)."""
+        if not self._lock.acquire(blocking=self.snapshot is None):
+            return self.snapshot  # type: ignore[return-value]
+        try:
+            if self.snapshot is not None and time.monotonic() - self._checked < self.refresh_s:
+                return self.snapshot
+            marker = self.db.change_marker()
+            if self.snapshot is None or marker != self.snapshot.marker:
+                self.snapshot = Snapshot(marker, self.db.best_table(), self.db.list_gpus())
+                self.reloads += 1
+            self._checked = time.monotonic()
+            return self.snapshot
+        finally:
+            self._lock.release()
