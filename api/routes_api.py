@@ -28,7 +28,7 @@ RunState = StrEnum("RunState", {v: v for v in db.RUN_STATES})
 
 
 Precision = StrEnum("Precision", {v: v for v in kernels.PRECISIONS})
-PRECISION_DOC = ("fp32 (default): every family, FFMA or FP32-accurate tensor-core emulation (tf32x3); "
+PRECISION_DOC = ("fp32 (default): every family, FFMA or FP32-accurate tensor-core emulation (tf32x3, wgmma); "
                  "ffma: only families computing with plain FP32 FFMA (kernels' Family.precision).")
 
 

@@ -112,5 +112,5 @@ def test_every_family_declares_its_arithmetic():
     for name, fam in FAMILIES.items():
         assert "precision" in vars(type(fam)), f"{name} inherits its precision instead of declaring it"
         assert fam.precision in classes, f"{name}: precision {fam.precision!r} not in {sorted(classes)}"
-    assert get_family("tf32x3").precision == "fp32-tc"
-    assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3"}
+    assert get_family("tf32x3").precision == get_family("wgmma").precision == "fp32-tc"
+    assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3", "wgmma"}

@@ -50,6 +50,7 @@ class Wgmma(Family):
                    "mbarrier ring; one producer and WGS consumer warpgroups (setmaxnreg); A pre-split into "
                    "big/small parts, B split in registers; optional split-K.")
     source_file = "wgmma.cu"
+    precision = "fp32-tc"
     architectures = ("sm_90",)
     architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
     params = (
