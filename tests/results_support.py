@@ -58,7 +58,10 @@ def fill(url: str, rows: list[Row], baselines: dict[tuple[int, int, int], float]
                                                error="planted", gflops=10 * row.gflops, time_median_ms=ms / 10))
             d.finish_run(run_id, "finished")
         for shape, gflops in (baselines or {}).items():
-            gpu_id = d.ensure_gpu(db.GpuInfo(H100, H100_UUID, "9.0", 132, 80 << 30, 1980, "580", "13.0", "13.0"))
+            # A baseline belongs to one board: the board of the first row of that shape (else the H100),
+            # so a row filled for another board of the same name still meets its baseline.
+            gpu, uuid = next(((r.gpu, r.uuid) for r in rows if r.shape == shape), (H100, H100_UUID))
+            gpu_id = d.ensure_gpu(db.GpuInfo(gpu, uuid, "9.0", 132, 80 << 30, 1980, "580", "13.0", "13.0"))
             m, n, k = shape
             d.add_baseline(gpu_id=gpu_id, problem_id=d.ensure_problem(*shape), time_median_ms=2 * m * n * k / (gflops * 1e6),
                            gflops=gflops)

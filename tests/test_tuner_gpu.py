@@ -49,7 +49,9 @@ def test_a_short_study_finds_a_verified_recorded_config_faster_than_naive(live, 
     assert outcomes["vectorized"].best_gflops > outcomes["naive"].best_gflops
 
     best = database.best(live.info()["uuid"], 1024, 1024, 1024, nearest=False)
-    assert best.family == "vectorized" and best.params == outcomes["vectorized"].best_config
+    # Configs can tie to the last digit (medians of quantized event times): the stored best is then
+    # the first stored, the study's the first finished; the speed is the invariant.
+    assert best.family == "vectorized" and best.gflops == pytest.approx(outcomes["vectorized"].best_gflops)
     assert best.baseline_gflops and 0 < best.fraction_of_cublas < 2
 
     # verified once more, from scratch: correct against the float64 reference, similar speed
