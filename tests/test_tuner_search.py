@@ -271,3 +271,19 @@ def test_the_prior_ranks_enough_startup_configs_for_the_window(store, monkeypatc
     run_study(session_for(store, StandInEvaluator(), batch=5, prior_compiles=0), BLOCKTILE1D,
               P1024, Budget(trials=8, timeout_s=None, patience=None))
     assert counts == [STARTUP_TRIALS + 4]
+
+
+def test_a_family_not_offered_on_the_gpus_architecture_gets_no_study(store, caplog):
+    class Ampere(StandInEvaluator):
+        def arch(self) -> str:
+            return "sm_80"
+
+    evaluator = Ampere()
+    wgmma = kernels.get_family("wgmma")
+    with caplog.at_level("WARNING"):
+        summary = tune_all(session_for(store, evaluator), [NAIVE, wgmma], [P1024],
+                           Budget(trials=3, timeout_s=None, patience=None))
+    assert [family.name for _, family, _ in summary.outcomes] == ["naive"]
+    assert all(config in NAIVE.accepted_configs("sm_80") for _, config, _ in evaluator.calls)
+    assert any("wgmma skipped" in r.message and "sm_90" in r.message and "sm_80" in r.message
+               for r in caplog.records)

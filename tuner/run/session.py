@@ -79,6 +79,13 @@ def tune_all(
     """Runs the studies shape by shape. With ``total_seconds`` each study's time budget is an
     equal share of what is left, so time a study does not need passes to the next ones."""
     summary = Summary()
+    arch = session.evaluator.arch()
+    offered = [f for f in families if f.architectures is None or arch in f.architectures]
+    for family in families:
+        if family not in offered:  # e.g. wgmma on an Ampere GPU: no study, no share of the time
+            log.warning("%s skipped: it runs only on %s (%s); this GPU is %s", family.name,
+                        ", ".join(family.architectures), family.architecture_reason, arch)
+    families = offered
     started = time.monotonic()
     left_to_run = len(problems) * len(families)
     for problem in problems:
