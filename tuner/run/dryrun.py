@@ -70,6 +70,9 @@ def dry_run(
             if rows:
                 print(format_table(["config", "registers", "shared B", "spill B", "occupancy",
                                     "limited by"], rows), file=out)
+            elif family.architectures is not None and arch not in family.architectures:
+                print(f"  none on {arch}: it runs only on {', '.join(family.architectures)} "
+                      f"({family.architecture_reason})", file=out)
             else:
                 print("  no accepted config found", file=out)
         return all_compiled
