@@ -32,6 +32,11 @@ PRECISION_DOC = ("fp32 (default): every family, FFMA or FP32-accurate tensor-cor
                  "ffma: only families computing with plain FP32 FFMA (kernels' Family.precision).")
 
 
+FALLBACK_DOC = ("Only used when `gpu` was never seen here (without it such a GPU is a 404): answer from this GPU "
+                "(name or UUID of a known one) instead, with `match: other_gpu`, `gpu` the fallback and `requested_gpu` "
+                "the one asked for. A known GPU is always answered from its own results, even with none yet (`match: none`).")
+
+
 class ExportFormat(StrEnum):
     csv = "csv"
     json = "json"
@@ -95,6 +100,9 @@ def list_problems(r: Db) -> list[s.ProblemOut]:
     "`match: none` when nothing was tuned on that GPU. With `tune=true` (needs the write token) a miss, i.e. any "
     "answer but `exact`, also queues a tuning job for this GPU model and shape (and `kernel`, if given), "
     "returned as `job`; an open job for the same GPU model and shape is returned instead of a new one. "
+    "A GPU never seen here (no tuner or worker ran on it) is a 404 listing the known ones: it never gets another "
+    "GPU's answer unless the request names one with `fallback_gpu`, and then the answer says so "
+    "(`match: other_gpu`, `gpu` the fallback, `requested_gpu` the one asked for). "
     "Answered from an in-memory snapshot of the best results, refreshed within a second of new trials landing.",
 )
 async def best(
@@ -103,6 +111,7 @@ async def best(
     source_hash: Annotated[list[Annotated[str, Query(pattern=HASH_PATTERN)]] | None, Query(
         max_length=100, description="Only results of these family versions (sha256 of the family's CUDA source, "
         "repeatable): gemmtune.matmul sends the versions it has installed.")] = None,
+    fallback_gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN, description=FALLBACK_DOC)] = None,
     tune: Annotated[bool, Query(description="On a miss, queue a tuning job (needs the write token).")] = False,
     authorization: Annotated[str | None, Header(description="`Bearer <GEMMTUNE_API_TOKEN>`, for tune=true")] = None,
 ) -> s.BestOut:
@@ -112,15 +121,23 @@ async def best(
     snap = await run_in_threadpool(cache.refresh) if cache.due() else cache.snapshot
     # From memory on the event loop; a GPU or family the snapshot does not know goes to the database.
     hashes = None if source_hash is None else [h.lower() for h in source_hash]
+    asked = gpu
+    if fallback_gpu is not None and not (snap is not None and snap.gpu_ids(gpu)) \
+            and not await run_in_threadpool(r.db.find_gpus, gpu):
+        gpu = fallback_gpu  # never seen: answer from the GPU the caller named, and say so below
     found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes)
     if found is None:
         found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes)
+    if gpu is not asked:
+        found.requested_gpu = asked
+        if found.match != "none":
+            found.match = "other_gpu"
     if tune and found.match != "exact":
         families = [found.kernel] if found.kernel else None
         if families is None and precision is not Precision.fp32:
             families = r.precision_families(precision.value)
         found.job, _ = await run_in_threadpool(
-            lambda: request.app.state.jobs.enqueue(gpu, m, n, k, families=families, budget={}, origin="best"))
+            lambda: request.app.state.jobs.enqueue(asked, m, n, k, families=families, budget={}, origin="best"))
     return found
 
 

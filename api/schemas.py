@@ -75,10 +75,15 @@ class BestConfig(BaseModel):
 
 
 class BestOut(BaseModel):
-    match: Literal["exact", "nearest", "none"] = Field(
-        description="exact: measured on this shape; nearest: the closest measured shape on this GPU; none: nothing measured."
+    match: Literal["exact", "nearest", "other_gpu", "none"] = Field(
+        description="exact: measured on this shape; nearest: the closest measured shape on this GPU; other_gpu: the "
+        "requested GPU was never seen and the answer comes from `fallback_gpu` (exact or nearest shape there, see "
+        "`distance`); none: nothing measured."
     )
-    gpu: str = Field(description="The GPU's name as stored.")
+    gpu: str = Field(description="The GPU's name as stored: the GPU the answer comes from.")
+    requested_gpu: str | None = Field(
+        default=None, description="With match other_gpu (or none from a fallback): the GPU asked for, never seen here."
+    )
     requested: Shape
     shape: Shape | None = Field(default=None, description="The shape the result was measured on.")
     distance: float | None = Field(

@@ -160,3 +160,63 @@ def test_tune_on_a_miss_with_precision_queues_that_precisions_families(url, tmp_
         out = c.get("/api/best", params=q, headers={"Authorization": "Bearer sesame"}).json()
     assert out["match"] == "nearest" and out["job"]["origin"] == "best"
     assert set(out["job"]["families"]) == {n for n, f in kernels.FAMILIES.items() if f.precision == "ffma"}
+
+
+def test_a_gpu_never_seen_is_404_unless_the_request_names_a_fallback_gpu(tmp_path):
+    """The rule for GPU models without results of their own: a name never seen is refused (404
+    listing the known ones), never silently answered from another GPU; with fallback_gpu it is
+    answered from that GPU, and the answer says so (match other_gpu, both GPUs named)."""
+    a100, h200, b200 = "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA B200"
+    url = f"sqlite:///{tmp_path / 'models.sqlite'}"
+    fill(url, [Row("naive", (1024, 1024, 1024), 900.0), Row("smem", (256, 256, 256), 300.0),
+               Row("naive", (512, 512, 512), 77.0, gpu=a100, uuid="GPU-a100")])
+    with db.open_database(url) as d:
+        d.ensure_gpu(db.GpuInfo(h200, "GPU-h200", "9.0", 132, 141 << 30))  # a worker registered it: no results
+    reads = Reads(db.open_database(url))
+    snap = BestCache(reads.db).refresh()
+    with TestClient(create_app(url, api_token="")) as c:
+        def best(**q):
+            return c.get("/api/best", params={"m": 1024, "n": 1024, "k": 1024} | q)
+
+        for q in ({}, {"nearest": "false"}, {"kernel": "naive"}):
+            r = best(gpu=b200, **q)
+            assert r.status_code == 404, r.text
+            assert "unknown GPU 'NVIDIA B200'" in r.json()["detail"] and H100 in r.json()["detail"]
+        refused = best(gpu=b200, fallback_gpu="NVIDIA V100")  # the fallback must be known too
+        assert refused.status_code == 404 and "unknown GPU 'NVIDIA V100'" in refused.json()["detail"]
+
+        for fallback, shape, distance in ((H100, (1024, 1024, 1024), 0.0), (a100.lower(), (512, 512, 512), 3 ** 0.5)):
+            r = best(gpu=b200, fallback_gpu=fallback)
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert (out["match"], out["gpu"], out["requested_gpu"]) == ("other_gpu", H100 if fallback == H100 else a100, b200)
+            assert (out["shape"]["m"], out["shape"]["n"], out["shape"]["k"]) == shape
+            assert out["distance"] == pytest.approx(distance)
+            own = best(gpu=fallback).json()  # the fallback's own answer, relabelled and nothing else
+            assert out == own | {"match": "other_gpu", "requested_gpu": b200}
+            for found in (reads.best(fallback, 1024, 1024, 1024, None), reads.best_from(snap, fallback, 1024, 1024, 1024, None)):
+                assert found.best.model_dump(mode="json") == out["best"]
+        exact_only = best(gpu=b200, fallback_gpu=a100, nearest="false").json()
+        assert (exact_only["match"], exact_only["gpu"], exact_only["requested_gpu"], exact_only["best"]) == \
+            ("none", a100, b200, None)
+
+        # a known GPU is answered from its own results, fallback or not, even when it has none
+        for gpu, match in ((H100, "exact"), ("gpu-h200", "none"), (h200, "none")):
+            own, with_fallback = best(gpu=gpu).json(), best(gpu=gpu, fallback_gpu=a100).json()
+            assert own == with_fallback and own["match"] == match and own["requested_gpu"] is None
+        assert best(gpu=h200, nearest="false").json()["gpu"] == h200
+
+        # a GPU registered after the snapshot was taken is known at once (the database says so)
+        with db.open_database(url) as d:
+            d.ensure_gpu(db.GpuInfo(b200, "GPU-b200", "10.0", 148, 180 << 30))
+        assert best(gpu=b200, fallback_gpu=H100).json()["match"] == "none"
+    reads.db.close()
+
+
+def test_fallback_gpu_is_documented_in_the_openapi_schema(client):
+    spec = client.get("/openapi.json").json()
+    params = {p["name"]: p for p in spec["paths"]["/api/best"]["get"]["parameters"]}
+    assert "never seen" in params["fallback_gpu"]["description"]
+    assert "other_gpu" in params["fallback_gpu"]["description"]
+    assert "other_gpu" in spec["components"]["schemas"]["BestOut"]["properties"]["match"]["enum"]
+    assert "fallback_gpu" in spec["paths"]["/api/best"]["get"]["description"]

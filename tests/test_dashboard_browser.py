@@ -1,7 +1,9 @@
 """The dashboard in headless Chromium (Debian's package) on a real uvicorn server.
 
 Checks that plotly draws (its SVG is in the page), that no page logs a console error, that the
-overview links through to a run, and that a running run's page refreshes itself as trials land.
+overview links through to a run, that a running run's page refreshes itself as trials land, that
+plotly's mode bar (shown on hover) covers no cuBLAS label, legend or colour bar, and that the run
+page's top-configs table shows every key=value of the longest config inside its panel.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 SHAPE = (256, 256, 256)
+WIDE = "splitk"  # the family with the most parameters: the longest config in the top-configs table
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('browser')}/results.sqlite"
-    return tune_into(url, [("naive", SHAPE), ("blocktile2d", SHAPE)], trials=12)
+    return tune_into(url, [("naive", SHAPE), ("blocktile2d", SHAPE), (WIDE, (512, 512, 512))], trials=12)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +77,29 @@ def wait_for_plots(page, ids: list[str]) -> None:
         page.wait_for_selector(f"#{plot_id} svg.main-svg", state="attached", timeout=15_000)
 
 
+def boxes(page, selector: str) -> list[dict]:
+    return page.eval_on_selector_all(selector, "els => els.map(e => e.getBoundingClientRect().toJSON())"
+                                     ".filter(b => b.width > 0 && b.height > 0)")
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+def assert_mode_bar_clear(page, plot_id: str, labels: list[str]) -> int:
+    """Hover the plot (plotly shows its mode bar then) and check the bar covers none of the labels
+    (the cuBLAS annotation, the legend, the colour bar); returns how many labels were checked."""
+    page.hover(f"#{plot_id} .nsewdrag")
+    page.wait_for_selector(f"#{plot_id} .modebar-container .modebar-btn", state="visible", timeout=5_000)
+    [bar] = boxes(page, f"#{plot_id} .modebar")
+    checked = 0
+    for selector in labels:
+        for box in boxes(page, f"#{plot_id} {selector}"):
+            assert not overlaps(bar, box), (plot_id, selector, bar, box)
+            checked += 1
+    return checked
+
+
 def test_overview_draws_and_clicks_through_to_a_run(page, server, tuned, tmp_path):
     page.goto(server.base + "/")
     wait_for_plots(page, ["overview-plot"])
@@ -90,15 +116,40 @@ def test_overview_draws_and_clicks_through_to_a_run(page, server, tuned, tmp_pat
     titles = page.locator('#plot-params text[class^="x"][class$="title"]').all_text_contents()
     assert sorted(titles) == sorted(p.name for p in params)
     assert "GFLOP/s" in page.inner_text("#top-configs")
+    assert assert_mode_bar_clear(page, "plot-progress", ["g.annotation", "g.legend"]) == 1  # the cuBLAS label
+    assert assert_mode_bar_clear(page, "plot-occupancy", ["g.colorbar"]) == 1
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
 
 
-def test_problem_page_compares_families(page, server):
+def test_the_top_configs_table_shows_the_whole_config(page, server, tuned, tmp_path):
+    """The family with the most parameters: every key=value of its configs lies inside the panel
+    (the config column wraps), and the table is no wider than its panel."""
+    [run_id] = [r for r in tuned.run_ids if r == tuned.run_ids[-1]]
+    page.goto(f"{server.base}/runs/{run_id}")
+    wait_for_plots(page, ["plot-progress"])
+    page.screenshot(path=str(tmp_path / "run-wide.png"), full_page=True)
+    [panel] = boxes(page, "#top-configs")
+    [table] = boxes(page, "#top-configs table")
+    pairs = boxes(page, "#top-configs .config .kv")
+    params = kernels.FAMILIES[WIDE].params
+    assert len(pairs) >= 3 * len(params)  # several configs, every parameter of each
+    assert table["right"] <= panel["right"]
+    for pair in pairs:
+        assert panel["left"] <= pair["left"] and pair["right"] <= panel["right"], (pair, panel)
+    texts = page.locator("#top-configs tbody tr").first.locator(".config .kv").all_text_contents()
+    assert [t.split("=")[0] for t in texts] == [p.name for p in params]
+
+
+def test_problem_page_compares_families(page, server, tmp_path):
     page.goto(server.base + "/problems/1")
     wait_for_plots(page, ["plot-families", "plot-runs"])
     bars = page.locator("#plot-families .bars path")
     assert bars.count() == 2  # naive and blocktile2d
     assert "cuBLAS" in page.inner_text("#plot-families")
+    assert assert_mode_bar_clear(page, "plot-families", ["g.annotation"]) == 1  # the cuBLAS label
+    # the legend (one entry per run) and the cuBLAS label
+    assert assert_mode_bar_clear(page, "plot-runs", ["g.annotation", "g.legend"]) == 2
+    page.screenshot(path=str(tmp_path / "problem.png"), full_page=True)
 
 
 def test_running_run_refreshes_as_trials_land(page, browser, server, tuned):

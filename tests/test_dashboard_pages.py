@@ -98,3 +98,44 @@ def test_empty_database_renders(tmp_path):
     assert client.get("/api/best", params={"gpu": "x", "m": 1, "n": 1, "k": 1}).json()["detail"].endswith(
         "(none recorded yet)"
     )
+
+
+def test_problem_page_compares_the_gpu_models_side_by_side(tmp_path):
+    url = f"sqlite:///{tmp_path}/models.sqlite"
+    other = "Stand-in GPU B"
+    tune_into(url, [("naive", SHAPE)], trials=8)
+    tune_into(url, [("smem", SHAPE), ("naive", SHAPE)], trials=8, gpu_name=other, gpu_uuid="GPU-00000000-stand-in-b")
+    tune_into(url, [("naive", (64, 64, 64))], trials=4)  # another problem: not in this one's comparison
+    with db.open_database(url) as database:
+        pid = database.ensure_problem(*SHAPE)
+        cells = sorted((c for c in database.overview() if c.problem.id == pid), key=lambda c: -c.best_gflops)
+    assert sorted(c.gpu_name for c in cells) == sorted([STANDIN_GPU, other])
+    with TestClient(create_app(url, api_token="")) as client:
+        picker = client.get(f"/problems/{pid}")  # two GPUs measured it: pick one, the comparison beside
+        chosen = client.get(f"/problems/{pid}", params={"gpu": other})
+    for page in (picker, chosen):
+        assert page.status_code == 200
+        table = page.text.split('id="models-table"', 1)[1].split("</table>", 1)[0]
+        rows = [text_of(r) for r in table.split("<tr")[2:]]
+        assert len(rows) == 2, rows
+        for row, cell in zip(rows, cells):  # fastest first
+            assert cell.gpu_name in row and f"{cell.best_gflops:,.0f}" in row and cell.family in row
+            assert f"{100 * cell.fraction_of_cublas:.1f}%" in row and f"#{cell.run_id}" in row
+        assert "1.00×" in rows[0] and f"{cells[1].best_gflops / cells[0].best_gflops:.2f}×" in rows[1]
+    # on a model's own page that model is in bold, the other one a link to its page
+    raw = {r.split("</td>", 1)[0]: r for r in chosen.text.split('id="models-table"', 1)[1].split("</table>")[0].split("<tr")[2:]}
+    [mine] = [r for r in raw.values() if other in r]
+    [theirs] = [r for r in raw.values() if STANDIN_GPU in r]
+    assert f"<b>{other}</b>" in mine and "?gpu=" not in mine.split("</td>", 1)[0]
+    assert f'<a href="/problems/{pid}?gpu=Stand-in%20GPU' in theirs.split("</td>", 1)[0]
+    assert "GPU models compared" in chosen.text and "GPU models compared" not in client_single_page(url)
+
+
+def client_single_page(url: str) -> str:
+    """A problem measured on one GPU only: no comparison panel."""
+    with db.open_database(url) as database:
+        pid = database.ensure_problem(64, 64, 64)
+    with TestClient(create_app(url, api_token="")) as client:
+        page = client.get(f"/problems/{pid}")
+    assert page.status_code == 200 and "naive" in page.text
+    return page.text

@@ -222,3 +222,60 @@ def test_a_worker_whose_job_was_taken_over_stops_it_and_goes_on(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---------------------------------------------------------------- two GPU models, one queue
+
+H200 = "NVIDIA H200"
+
+
+def h200_recording(tmp_path: Path) -> Path:
+    """The H100 recording under another GPU's header: a replay worker of another model."""
+    from tuner.measure import recording
+
+    copy = recording.load(RECORDING)
+    copy.gpu = {**copy.gpu, "name": H200, "uuid": "GPU-h200-replay-test", "memory_bytes": 141 * 2**30}
+    return copy.save(tmp_path / "h200-replay.json.gz")
+
+
+def test_each_models_jobs_go_to_a_worker_of_that_model_and_never_to_the_other(any_url, tmp_path, capsys):
+    url, h200 = any_url, h200_recording(tmp_path)
+    h100_worker = ["--worker", "--replay", str(RECORDING), "--db", url, "--poll", "0.1", "--once"]
+    h200_worker = ["--worker", "--replay", str(h200), "--db", url, "--poll", "0.1", "--once"]
+    assert main(h200_worker) == EXIT_OK and main(h100_worker) == EXIT_OK  # both models known
+    with db.open_database(url) as database:
+        assert sorted(g.name for g in database.list_gpus()) == [H100, H200]
+    budget = {"trials": 3, "patience": 0}
+    by_model = {H100: [], H200: []}
+    for gpu in (H200, H100):  # interleaved, the other model's job is always the older one
+        for m, family in ((1024, "warptile"), (2048, "vectorized")):
+            by_model[gpu].append(queue(url, gpu=gpu, m=m, n=m, k=m, families=[family], budget=budget))
+    h100_ids, h200_ids = ([j["id"] for j in by_model[g]] for g in (H100, H200))
+    capsys.readouterr()
+
+    assert main(h100_worker) == EXIT_OK  # drains its model's queue: the H200 jobs stay queued
+    h100_out = capsys.readouterr().out
+    with db.open_database(url) as database:
+        assert [(database.get_job(i).state, database.get_job(i).attempts) for i in h100_ids] == [("done", 1)] * 2
+        untouched = [database.get_job(i) for i in h200_ids]
+        assert [(j.state, j.attempts, j.worker) for j in untouched] == [("queued", 0, None)] * 2
+        assert database.claim_job(H100, "another-h100") is None  # nothing left for an H100
+
+    assert main(h200_worker) == EXIT_OK
+    h200_out = capsys.readouterr().out
+    with db.open_database(url) as database:
+        jobs = {i: database.get_job(i) for i in h100_ids + h200_ids}
+        assert [(j.state, j.attempts) for j in jobs.values()] == [("done", 1)] * 4, [j.reason for j in jobs.values()]
+        for ids, out, gpu in ((h100_ids, h100_out, H100), (h200_ids, h200_out, H200)):
+            assert f"takes jobs for {gpu!r}" in out and "exiting after 2 job(s)" in out
+            for i in ids:
+                job = jobs[i]
+                assert job.gpu_name == gpu and job.worker in out  # held by this model's worker
+                assert f"job {i}: done" in out and f"job {i}: " not in (h200_out if gpu == H100 else h100_out)
+                [run_id] = job.run_ids
+                assert database.get_run(run_id).gpu_name == gpu  # measured on, and stored for, its model
+        assert len(database.list_runs()) == 4
+    with TestClient(create_app(url)) as client:
+        for gpu in (H100, H200):
+            best = client.get("/api/best", params={"gpu": gpu, "m": 1024, "n": 1024, "k": 1024}).json()
+            assert best["match"] == "exact" and best["best"]["run_id"] in [r for i in by_model[gpu] for r in jobs[i["id"]].run_ids]

@@ -6,10 +6,14 @@ const gemmtune = (() => {
   const PAGE = 1000; // the API's largest trial page
   const COLORS = ["#1f6fb2", "#d9730d", "#2e8b57", "#b23a48", "#6a4c93", "#8c6d1f", "#0f8b8d", "#7a7a7a"];
 
+  // Plotly draws its mode bar (zoom, pan, download) over the top right corner of a chart while the
+  // mouse is on it: about 26 px high, 220 px wide. Every chart keeps this band above its plot area
+  // free of labels and legends (annotations go left or below it), so the bar never covers one.
+  const MODEBAR_BAND = 32;
   const baseLayout = (extra) =>
     Object.assign(
       {
-        margin: { l: 62, r: 18, t: 8, b: 44 },
+        margin: { l: 62, r: 18, t: MODEBAR_BAND, b: 44 },
         font: { family: "-apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif", size: 11, color: "#24292f" },
         paper_bgcolor: "#fff",
         plot_bgcolor: "#fff",
@@ -53,9 +57,10 @@ const gemmtune = (() => {
       line: { color: "#b23a48", width: 1.5, dash: "dash" },
     };
   }
+  // At the left end of the line: the mode bar sits at the top right.
   function cublasLabel(cublas) {
     return {
-      xref: "paper", x: 1, xanchor: "right", yref: "y", y: cublas, yanchor: "bottom", showarrow: false,
+      xref: "paper", x: 0, xanchor: "left", yref: "y", y: cublas, yanchor: "bottom", showarrow: false,
       text: `cuBLAS ${fmtG(cublas)} GFLOP/s`, font: { color: "#b23a48", size: 10 },
     };
   }
@@ -122,7 +127,7 @@ const gemmtune = (() => {
     const layout = baseLayout({
       grid: { rows, columns: cols, pattern: "independent", xgap: 0.08, ygap: 0.28 },
       height: Math.max(260, rows * 210),
-      margin: { l: 62, r: 18, t: 18, b: 36 },
+      margin: { l: 62, r: 18, t: MODEBAR_BAND, b: 36 },
       annotations: [],
     });
     paramNames.forEach((name, i) => {
@@ -239,7 +244,7 @@ const gemmtune = (() => {
       }
     });
     const layout = baseLayout({
-      barmode: "group", showlegend: gpus.length > 1, legend: { orientation: "h", y: 1.12 },
+      barmode: "group", showlegend: gpus.length > 1, legend: { orientation: "h", x: 0, y: 1, yanchor: "bottom" },
       xaxis: Object.assign(baseLayout().xaxis, { type: "category", title: { text: "problem M×N×K" } }),
     });
     Plotly.react(el, traces, layout, plotConfig);
@@ -267,7 +272,7 @@ const gemmtune = (() => {
     else {
       const fams = cmp.families.slice().reverse(); // best at the top of a horizontal bar chart
       const layout = baseLayout({
-        margin: { l: 110, r: 18, t: 8, b: 44 },
+        margin: { l: 110, r: 18, t: MODEBAR_BAND, b: 44 },
         xaxis: Object.assign(baseLayout().xaxis, { title: { text: "GFLOP/s" }, rangemode: "tozero" }),
         yaxis: { type: "category", automargin: true, linecolor: "#c9ced6" },
       });
@@ -276,7 +281,7 @@ const gemmtune = (() => {
           line: { color: "#b23a48", width: 1.5, dash: "dash" } }];
         layout.annotations = [{ xref: "x", x: cmp.cublas_gflops, yref: "paper", y: 1, yanchor: "bottom", showarrow: false,
           text: `cuBLAS ${fmtG(cmp.cublas_gflops)}`, font: { color: "#b23a48", size: 10 } }];
-        layout.margin.t = 22;
+        layout.margin.t = MODEBAR_BAND + 16; // the label above the plot area, below the mode bar's band
       }
       Plotly.react(famEl, [{
         type: "bar", orientation: "h", y: fams.map((f) => f.family), x: fams.map((f) => f.gflops),
@@ -299,7 +304,7 @@ const gemmtune = (() => {
         line: { shape: "hv", width: 2, color }, hovertemplate: `run #${run.id} ${run.family}<br>trial %{x}: %{y:,.0f} GFLOP/s<extra></extra>`,
       });
     }
-    const layout = baseLayout({ showlegend: true, legend: { font: { size: 10 } },
+    const layout = baseLayout({ showlegend: true, legend: { font: { size: 10 }, y: 1, yanchor: "top" },
       xaxis: Object.assign(baseLayout().xaxis, { title: { text: "trial number" } }) });
     if (cmp.cublas_gflops) { layout.shapes = [cublasShape(cmp.cublas_gflops)]; layout.annotations = [cublasLabel(cmp.cublas_gflops)]; }
     Plotly.react(runsEl, traces, layout, plotConfig);
