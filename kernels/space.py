@@ -125,6 +125,10 @@ class Family:
     architectures: tuple[str, ...] | None = None
     architecture_reason = ""
 
+    def offered_on(self, arch: str) -> bool:
+        """Whether the family runs on `arch` at all (else every config is rejected)."""
+        return self.architectures is None or arch in self.architectures
+
     def target(self, arch: str) -> str:
         """The NVRTC target for a device of architecture `arch` (sm_90a for wgmma/setmaxnreg)."""
         return arch
@@ -206,7 +210,7 @@ class Family:
     def reject_reasons(self, c: Config, arch: str = "sm_90") -> list[str]:
         """Reasons the constraints reject this config ([] when accepted)."""
         self.validate(c)
-        if self.architectures is not None and arch not in self.architectures:
+        if not self.offered_on(arch):
             return [f"{self.name} runs only on {', '.join(self.architectures)} ({self.architecture_reason}); "
                     f"this device is {arch}"]
         reasons = [con.reason for con in self.constraints if not con.holds(c)]
@@ -246,7 +250,7 @@ class Family:
         # Depth-first over the parameters, testing each constraint as soon as every parameter it
         # reads is bound (a constraint that reads an unbound one raises KeyError), so large
         # spaces are pruned early instead of filtered one full config at a time.
-        if self.architectures is not None and arch not in self.architectures:
+        if not self.offered_on(arch):
             return iter(())
 
         def decidable(partial: dict[str, int]) -> tuple[bool, list[Constraint]]:

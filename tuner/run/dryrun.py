@@ -70,7 +70,7 @@ def dry_run(
             if rows:
                 print(format_table(["config", "registers", "shared B", "spill B", "occupancy",
                                     "limited by"], rows), file=out)
-            elif family.architectures is not None and arch not in family.architectures:
+            elif not family.offered_on(arch):
                 print(f"  none on {arch}: it runs only on {', '.join(family.architectures)} "
                       f"({family.architecture_reason})", file=out)
             else:

@@ -80,7 +80,7 @@ def tune_all(
     equal share of what is left, so time a study does not need passes to the next ones."""
     summary = Summary()
     arch = session.evaluator.arch()
-    offered = [f for f in families if f.architectures is None or arch in f.architectures]
+    offered = [f for f in families if f.offered_on(arch)]
     for family in families:
         if family not in offered:  # e.g. wgmma on an Ampere GPU: no study, no share of the time
             log.warning("%s skipped: it runs only on %s (%s); this GPU is %s", family.name,
