@@ -178,19 +178,9 @@ class Queries(DatabaseCore):
             baselines = _latest_baselines(session)
             out = []
             for row in session.execute(query):
-                trial, run, gpu, problem, family = row
-                base = baselines.get((gpu.id, problem.id))
+                _, _, gpu, problem, _ = row
                 shape = (problem.m, problem.n, problem.k)
-                out.append(BestResult(
-                    match="exact", distance=0.0, requested=shape, problem=convert.problem(problem),
-                    gpu_id=gpu.id, gpu_name=gpu.name, gpu_uuid=gpu.uuid, family=family.name,
-                    source_hash=family.source_hash, run_id=run.id, trial_id=trial.id,
-                    trial_number=trial.number, params=dict(trial.params), gflops=trial.gflops,
-                    time_median_ms=trial.time_median_ms, occupancy=trial.occupancy,
-                    registers=trial.registers, shared_bytes=trial.shared_bytes,
-                    spill_bytes=trial.spill_bytes, baseline_gflops=base,
-                    fraction_of_cublas=None if base is None else trial.gflops / base,
-                ))
+                out.append(_result(row, shape, "exact", 0.0, baselines.get((gpu.id, problem.id))))
             return out
 
     def change_marker(self) -> tuple[int, ...]:
@@ -244,9 +234,15 @@ def _latest_baseline(session: Session, gpu_id: int, problem_id: int,
 
 def _best_result(session: Session, row: Any, requested: tuple[int, int, int],
                  match: str, distance: float) -> BestResult:
-    trial, run, gpu, problem, family = row
+    _, _, gpu, problem, _ = row
     baseline = _latest_baseline(session, gpu.id, problem.id)
-    baseline_gflops = None if baseline is None else baseline.gflops
+    return _result(row, requested, match, distance, None if baseline is None else baseline.gflops)
+
+
+def _result(row: Any, requested: tuple[int, int, int], match: str, distance: float,
+            baseline_gflops: float | None) -> BestResult:
+    """A (trial, run, gpu, problem, family) row as a BestResult, against that baseline."""
+    trial, run, gpu, problem, family = row
     return BestResult(
         match=match,  # type: ignore[arg-type]
         distance=distance, requested=requested, problem=convert.problem(problem),
