@@ -50,14 +50,20 @@ def use_device(device: int = 0):
     return _CONTEXTS[device]
 
 
+_ARCHS: dict[int, str] = {}
+
+
 def device_arch(device: int = 0) -> str:
+    """The device's architecture ("sm_90"), read once per process: gemm() asks on every call."""
     from cuda.bindings import driver
 
     use_device(device)
-    attr = driver.CUdevice_attribute
-    major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
-    minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
-    return f"sm_{major}{minor}"
+    if device not in _ARCHS:
+        attr = driver.CUdevice_attribute
+        major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
+        minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
+        _ARCHS[device] = f"sm_{major}{minor}"
+    return _ARCHS[device]
 
 
 def tma_ready(address: int, row_elements: int) -> bool:
@@ -201,8 +207,7 @@ def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n
     fam = get_family(family) if isinstance(family, str) else family
     launches = fam.launches(config, m, n, k)
     pa, pb, pc = device_pointer(a, "a"), device_pointer(b, "b"), device_pointer(c, "c")
-    use_device(device)
-    arch = device_arch(device)
+    arch = device_arch(device)  # also makes the device's context current
     key = (device, fam.name, tuple(sorted(config.items())), arch)
     if key not in _LOADED:
         compiled = compile_config(fam, config, arch)
