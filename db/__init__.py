@@ -9,8 +9,8 @@ from .errors import (InvalidInputError, NotADatabaseError, SchemaTooNewError, St
 from .jobs import (JOB_BUDGET_LIMITS, JOB_ORIGINS, MAX_JOB_ATTEMPTS, Job,
                    UnknownJobError)
 from .queries import log2_distance
-from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, NearestProblem,
-                      OverviewCell, Problem, Run, Trial, TrialRecord)
+from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, MeasuredConfig,
+                      NearestProblem, OverviewCell, Problem, Run, Trial, TrialRecord)
 from .records import TRIAL_RESULT, ResultField  # the one definition of a trial's result
 from .states import DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
 from .urls import default_url, resolve_url
@@ -19,7 +19,7 @@ __all__ = [
     "Database", "open_database", "default_url", "resolve_url",
     "GpuInfo", "TrialRecord", "TRIAL_RESULT", "ResultField",
     "Gpu", "Problem", "FamilyVersion", "Run", "Trial", "Baseline", "BestResult",
-    "NearestProblem", "OverviewCell",
+    "NearestProblem", "OverviewCell", "MeasuredConfig",
     "TRIAL_STATES", "RUN_STATES", "DTYPES", "LAYOUTS",
     "InvalidInputError", "UnknownRunError", "UnknownGpuError",
     "StorageError", "NotADatabaseError", "SchemaTooNewError",

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from . import convert, validate
 from .core import DatabaseCore
 from .models import BaselineRow, FamilyRow, GpuRow, ProblemRow, RunRow, TrialRow
-from .records import FamilyVersion, Gpu, OverviewCell, Problem, Run, Trial
+from .records import FamilyVersion, Gpu, MeasuredConfig, OverviewCell, Problem, Run, Trial
 from .states import TRIAL_STATES
 
 
@@ -117,6 +117,29 @@ class Listings(DatabaseCore):
             rows = session.scalars(select(TrialRow).where(TrialRow.run_id == run_id)
                                    .order_by(TrialRow.number))
             return [convert.trial(r) for r in rows]
+
+    def measured_configs(self, families: Collection[str]) -> list[MeasuredConfig]:
+        """Every measured trial (any state that cost GPU time: not rejected, not missing) of
+        the named families, on every GPU and problem, with the GPU's model, compute
+        capability and SM count; in run and trial order."""
+        query = (
+            select(GpuRow.name, GpuRow.compute_capability, GpuRow.sm_count, FamilyRow.name,
+                   TrialRow.params, ProblemRow.m, ProblemRow.n, ProblemRow.k, TrialRow.state,
+                   TrialRow.gflops)
+            .join(RunRow, TrialRow.run_id == RunRow.id)
+            .join(GpuRow, RunRow.gpu_id == GpuRow.id)
+            .join(ProblemRow, RunRow.problem_id == ProblemRow.id)
+            .join(FamilyRow, RunRow.family_id == FamilyRow.id)
+            .where(FamilyRow.name.in_(list(families)),
+                   TrialRow.state.not_in(("rejected", "missing")))
+            .order_by(RunRow.id, TrialRow.number)
+        )
+        with self._reading() as session:
+            return [MeasuredConfig(gpu_name=row[0], compute_capability=row[1], sm_count=row[2],
+                                   family=row[3], params=dict(row[4]), m=row[5], n=row[6],
+                                   k=row[7], state=row[8],
+                                   gflops=None if row[9] is None else float(row[9]))
+                    for row in session.execute(query)]
 
     def trials(self, run_id: int, state: str | None = None, offset: int = 0,
                limit: int = 100) -> list[Trial]:

@@ -218,6 +218,22 @@ class Trial:
 
 
 @dataclass(frozen=True)
+class MeasuredConfig:
+    """One measured config with where it ran: what a learned cost model trains on."""
+
+    gpu_name: str
+    compute_capability: str
+    sm_count: int
+    family: str
+    params: dict[str, int]
+    m: int
+    n: int
+    k: int
+    state: str
+    gflops: float | None
+
+
+@dataclass(frozen=True)
 class Baseline:
     id: int
     gpu_id: int

@@ -41,10 +41,11 @@ from optuna.trial import FrozenTrial, TrialState
 warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEsSampler",
                         category=UserWarning)
 
-SAMPLERS = ("default", "tpe", "gp", "cmaes", "random")
+SAMPLERS = ("default", "model", "tpe", "gp", "cmaes", "random")
 
 # Extra packages each sampler needs beyond Optuna itself.
-_NEEDS: dict[str, tuple[str, ...]] = {"gp": ("torch", "scipy"), "cmaes": ("cmaes",)}
+_NEEDS: dict[str, tuple[str, ...]] = {"gp": ("torch", "scipy"), "cmaes": ("cmaes",),
+                                      "model": ("sklearn",)}
 
 # Name of the constraint every trial carries (``Trial.set_constraint``): > 0 for rejected,
 # failed and wrong configs, 0 for verified ones. Optuna treats <= 0 as feasible; samplers that
@@ -73,6 +74,9 @@ class SearchSpace:
     # params (positions) of every accepted config, partitioned by geometry
     # (tuner.search.prior.group_configs); empty where the space is not enumerated
     groups: Sequence[Sequence[Params]] = ()
+    # the model sampler's accepted configs, features and examples of other problems
+    # (tuner.search.learned.LearnedSpace); None for the other samplers
+    learned: Any = None
 
 
 def missing_packages(name: str) -> list[str]:
@@ -90,6 +94,13 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
         model = (EnumeratedTPE([p for group in space.groups for p in group], **tpe)
                  if space.groups else optuna.samplers.TPESampler(**tpe))
         return FeasibleSampler(model, space, seed=seed, startup_trials=STARTUP_TRIALS)
+    if name == "model":
+        if space is None or space.learned is None:
+            raise ValueError("the model sampler needs the study's enumerated accepted configs "
+                             "(SearchSpace.learned)")
+        from tuner.search.learned import ModelSampler
+
+        return ModelSampler(space.learned, space.distributions, space.startup, seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if name == "gp":

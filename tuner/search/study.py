@@ -13,9 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import db
+import kernels
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
@@ -25,7 +26,9 @@ from tuner.measure.evaluator import OK, REJECTED, Evaluator, Measurement
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import prior, space
+from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
+from tuner.search.learned import LearnedSpace, examples_from_database, unit_held_out
 from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.search.warmstart import warm_start_configs
 
@@ -86,6 +89,9 @@ class Session:
     # their registers and spills (CPU, cached in compile_cache); 0: rank by estimated registers.
     prior_compiles: int = prior.MAX_COMPILES
     compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
+    # --sampler model: examples of other problems to learn from (None: the results database's
+    # measured trials, tuner.search.learned.examples_from_database)
+    training: Sequence[Example] | None = None
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
 
@@ -211,10 +217,12 @@ class _StudyRun:
         changes = self.shared.pull()
         history = changes.completed
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
-        wants_startup = session.sampler == "default" and len(history) < STARTUP_TRIALS
+        wants_startup = (session.sampler in ("default", "model")
+                         and len(history) < STARTUP_TRIALS)
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
                                    self._prior_startup() if wants_startup else (),
-                                   self._geometry_groups())
+                                   self._geometry_groups(),
+                                   self._learned() if session.sampler == "model" else None)
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
@@ -244,6 +252,25 @@ class _StudyRun:
         (another sampler, or a space that is not enumerated)."""
         return [[space.params_from_config(self.family, c) for c in members]
                 for _, members in (self.groups or {}).values()]
+
+    def _learned(self) -> LearnedSpace:
+        """The model sampler's view: every accepted config with its features, and examples of
+        other problems (the session's, else every measured trial in the results database
+        except this study's own GPU model, family and shape)."""
+        if self.accepted_all is None:
+            raise ValueError(f"--sampler model needs an enumerable space; {self.family.name}'s "
+                             f"has more than {ENUMERABLE_SPACE} configs: use --sampler default")
+        info = self.session.evaluator.info()
+        target = prior.Target(int(info.get("sm_count") or 1), self.arch)
+        examples = self.session.training
+        if examples is None:
+            examples = examples_from_database(
+                self.session.database, list(kernels.FAMILIES),
+                unit_held_out((self.session.gpu_name, self.family.name, self.problem.shape)))
+        return LearnedSpace.build(
+            self.family, self.accepted_all,
+            [space.params_from_config(self.family, c) for c in self.accepted_all],
+            self.problem, target, examples)
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the

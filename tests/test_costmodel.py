@@ -1,0 +1,165 @@
+"""The learned cost model and ``--sampler model``: deterministic fits, the leave-one-out split of
+the search benchmark, examples from a real results database, and a replayed study."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+import db
+import kernels
+
+from tuner.measure.record import record_with_evaluator
+from tuner.measure.recording import load
+from tuner.measure.replay import ReplayEvaluator
+from tuner.measure.testing import StandInEvaluator
+from tuner.problem import Problem
+from tuner.search.costmodel import FEATURES, CostModel, features, matrix
+from tuner.search.learned import (examples_from_database, examples_from_recordings,
+                                  problem_held_out, unit_held_out)
+from tuner.search.prior import Target
+from tuner.search.study import Budget, Session, run_study
+
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDINGS = sorted((ROOT / "tests" / "data" / "recordings").glob("*.json.gz"))
+H100 = Target(132, "sm_90")
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    return [load(path) for path in RECORDINGS]
+
+
+def test_features_are_finite_where_the_family_has_them():
+    family = kernels.FAMILIES["warptile"]
+    config = family.accepted_configs()[0]
+    row = features(family, config, Problem(1023, 1025, 999), H100)
+    assert len(row) == len(FEATURES)
+    named = dict(zip(FEATURES, row))
+    assert all(np.isfinite(named[f"p_{p.name}"]) for p in family.params)
+    assert np.isnan(named["p_SPLITK"])  # a parameter warptile lacks
+    assert 0 <= named["edge_waste"] < 1 and named["rounds"] >= 1
+
+
+def test_the_fit_is_deterministic_with_a_fixed_seed(recordings):
+    examples = examples_from_recordings(recordings)
+    family = kernels.FAMILIES["vectorized"]
+    candidates = family.accepted_configs()[:200]
+    x = matrix(family, candidates, Problem(1500, 700, 3000), H100)
+    first = CostModel(seed=7)
+    first.add_examples(examples)
+    second = CostModel(seed=7)
+    second.add_examples(examples)
+    a, b = first.fit().predict(x), second.fit().predict(x)
+    assert np.array_equal(a, b)
+    assert np.ptp(a) > 0  # it ranks, it does not predict one constant
+
+
+def test_the_model_ranks_a_recorded_problem_it_was_fitted_on(recordings):
+    """In-sample sanity check (not a measure of search quality): the configs predicted best
+    on a problem it has seen include a near-optimal one."""
+    recording = recordings[0]
+    family_name, problem = recording.pairs()[0]
+    model = CostModel(seed=0)
+    model.add_examples(examples_from_recordings([recording]))
+    results = [(c, r) for c, r in recording.results(family_name, problem) if r.usable]
+    target = Target(recording.gpu["sm_count"], recording.arch)
+    x = matrix(kernels.FAMILIES[family_name], [c for c, _ in results], problem, target)
+    predicted = model.fit().predict(x)
+    gflops = np.array([r.gflops for _, r in results])
+    top = np.argsort(-predicted)[:10]
+    assert gflops[top].max() >= 0.95 * gflops.max()
+
+
+def test_leave_one_out_never_fits_on_the_problem_searched(recordings):
+    bench = _bench_module()
+    path = str(RECORDINGS[0])
+    recording = load(path)
+    gpu = recording.gpu["name"]
+    for family, problem in recording.pairs():
+        job = bench.Job(path, family, problem, "model", 0, 10, tuple(map(str, RECORDINGS)))
+        training = bench.training_for(job, gpu)
+        assert training, "the other problems are there to learn from"
+        # no example of the searched problem, of any family, on this GPU model
+        assert not [e for e in training if e.gpu == gpu and e.problem == problem]
+        shapes = {e.problem.shape for e in training}
+        assert problem.shape not in shapes
+        assert len(shapes) == len({p.shape for r in recordings for _, p in r.pairs()}) - 1
+    assert bench.fit_kind("model", Path(path).name) == "leave-one-out"
+    assert bench.fit_kind("default", Path(path).name) == "in-sample"
+    assert bench.fit_kind("random", Path(path).name) == "-"
+
+
+def test_held_out_helpers():
+    assert problem_held_out("H100", "8x8x8")(("H100", "naive", "8x8x8"))
+    assert not problem_held_out("H100", "8x8x8")(("H200", "naive", "8x8x8"))
+    assert unit_held_out(("H100", "naive", "8x8x8"))(("H100", "naive", "8x8x8"))
+    assert not unit_held_out(("H100", "naive", "8x8x8"))(("H100", "smem", "8x8x8"))
+
+
+def _replay_study(tmp_path: Path, recording, problem: Problem, training, seed: int = 0,
+                  trials: int = 12, name: str = "model.sqlite"):
+    database = db.open_database(f"sqlite:///{tmp_path / name}")
+    replay = ReplayEvaluator(recording)
+    info = replay.info()
+    session = Session(database=database, evaluator=replay,
+                      storage=optuna.storages.InMemoryStorage(),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                      sampler="model", seed=seed, warm_start=False, progress=False,
+                      training=training)
+    family = replay.family(kernels.get_family("naive"))
+    outcome = run_study(session, family, problem, Budget(trials=trials, timeout_s=None,
+                                                         patience=None))
+    return database, outcome, replay
+
+
+def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tmp_path):
+    naive = kernels.FAMILIES["naive"]
+    problems = [Problem(512, 512, 512), Problem(256, 256, 1024)]
+    recording = record_with_evaluator(StandInEvaluator(), [naive], problems, max_configs=1000)
+
+    # first study: nothing to learn from (prior start-up, then its own measurements)
+    database, outcome, replay = _replay_study(tmp_path, recording, problems[1], training=[])
+    trials = database.run_history(outcome.run_id)
+    measured = [t for t in trials if t.state not in ("rejected", "missing")]
+    assert len(measured) == 12 == replay.evaluations
+    assert len({tuple(sorted(t.params.items())) for t in measured}) == 12  # no repeats
+    assert all(not naive.reject_reasons(t.params, "sm_90") for t in measured)
+
+    # the database now holds that study's trials: they are the next study's examples, except
+    # when the unit held out is that study's own
+    gpu = replay.info()["name"]
+    examples = examples_from_database(database, ["naive"])
+    assert len(examples) == 12 and {e.problem for e in examples} == {problems[1]}
+    assert examples_from_database(database, ["naive"],
+                                  unit_held_out((gpu, "naive", problems[1].shape))) == []
+
+    # second study, another problem: examples from the database (Session.training None)
+    database.close()
+    database, outcome, replay = _replay_study(tmp_path, recording, problems[0], training=None)
+    assert replay.evaluations == 12 and outcome.best_gflops
+    database.close()
+
+
+def test_cli_offers_the_model_sampler(tmp_path):
+    from tuner.search.samplers import SAMPLERS, make_sampler
+
+    assert "model" in SAMPLERS
+    with pytest.raises(ValueError, match="enumerated accepted configs"):
+        make_sampler("model", 0, None)
+
+
+def _bench_module():
+    bench = ROOT / "bench" / "search_efficiency.py"
+    spec = importlib.util.spec_from_file_location("search_efficiency_cm", bench)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,220 @@
+"""A learned cost model: which accepted configs of a problem are likely fast, from what other
+problems (other shapes, families, GPU models) measured.
+
+What it reads of a config (``features``) is known before anything is compiled or measured:
+the launch geometry (``tuner.search.prior.Geometry``: block tile, threads, split of K, dynamic
+shared memory), what follows from it on the target GPU (estimated registers, blocks resident
+per SM, rounds of blocks on the busiest SM, idle share of the last round, padding of edge
+tiles, the static prior's throughput terms), the problem's size, and the family's own
+parameters (log2, by name; NaN where a family lacks one). The family itself is a feature as
+well, so measurements of the same family at other shapes weigh most.
+
+What it predicts is a config's GFLOP/s as a fraction of the best measured on the same (GPU
+model, family, problem): absolute speed differs between GPUs and shapes, the order within a
+problem is what a search needs. Failed configs (compile, launch, wrong result, crash) count
+as 0. The regressor is scikit-learn's histogram gradient boosting (one thread, a fixed seed:
+the same examples give the same predictions), the anchor being TVM MetaSchedule's boosted
+trees over program features.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+import kernels
+
+from tuner.problem import Problem
+from tuner.search.prior import (
+    GLOBAL_REUSE_HALF,
+    LATENCY_WARPS,
+    SMEM_LOADS_PER_OPERAND,
+    STAGED_DEPTH_HALF,
+    Target,
+    estimated_usage,
+    geometry,
+)
+
+# Family parameters read by name (log2 of the value), union over the registered families.
+PARAMS: tuple[str, ...] = tuple(sorted({p.name for f in kernels.FAMILIES.values()
+                                        for p in f.params}))
+FAMILY_NAMES: tuple[str, ...] = tuple(sorted(kernels.FAMILIES))
+GEOMETRY_FEATURES = (
+    "log2_m", "log2_n", "log2_k", "log2_tile_rows", "log2_tile_cols", "log2_threads",
+    "log2_splits", "shared_kib", "outputs_per_thread", "est_registers", "blocks_per_sm",
+    "resident_warps", "rounds", "last_round_idle", "edge_waste", "log2_k_per_split",
+    "issue", "smem_term", "global_term", "staging_term", "log2_blocks_per_sm_count",
+)
+FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS))
+FAMILY_COLUMN = FEATURES.index("family")
+
+# Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
+# under a second on one core, as the sampler refits during a study).
+MAX_ITER = 80
+LEARNING_RATE = 0.1
+MAX_LEAF_NODES = 15
+MIN_SAMPLES_LEAF = 8
+
+
+@dataclass(frozen=True)
+class Example:
+    """One measured config: what a fit learns from."""
+
+    gpu: str  # GPU model name
+    target: Target
+    family: str
+    config: Mapping[str, int]
+    problem: Problem
+    gflops: float  # 0 where the config failed
+
+    @property
+    def unit(self) -> tuple[str, str, str]:
+        """The (GPU model, family, shape) it belongs to: the unit normalised together and
+        held out together."""
+        return (self.gpu, self.family, self.problem.shape)
+
+
+def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target
+             ) -> list[float]:
+    """The feature vector of one config (order: ``FEATURES``)."""
+    m, n, k = problem.m, problem.n, problem.k
+    geom = geometry(family, config, m, n, k)
+    usage = estimated_usage(geom)
+    try:
+        occ = kernels.occupancy(target.arch, geom.threads, usage.registers, geom.shared_bytes)
+        per_block = occ.blocks_per_sm
+    except ValueError:
+        per_block = 0
+    per_sm = math.ceil(max(geom.blocks, 1) / target.sm_count)
+    resident = max(1, min(per_block, per_sm))
+    rounds = math.ceil(per_sm / resident)
+    slots = rounds * resident * target.sm_count
+    bm, bn = geom.tile
+    warps = resident * geom.threads / 32
+    q = geom.outputs_per_thread
+    reuse = bm * bn / (bm + bn)
+    depth = geom.shared_bytes / (4.0 * (bm + bn))
+    padded = math.ceil(m / bm) * bm * math.ceil(n / bn) * bn
+    values = [
+        math.log2(m), math.log2(n), math.log2(k), math.log2(bm), math.log2(bn),
+        math.log2(geom.threads), math.log2(max(geom.splits, 1)), geom.shared_bytes / 1024,
+        q, usage.registers, per_block, warps, rounds, 1 - geom.blocks / slots,
+        1 - m * n / padded, math.log2(max(1.0, k / max(geom.splits, 1))),
+        warps / (warps + LATENCY_WARPS) * resident / (resident + 1),
+        q / (q + SMEM_LOADS_PER_OPERAND * math.sqrt(q)),
+        reuse / (reuse + GLOBAL_REUSE_HALF),
+        depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0,
+        math.log2(max(geom.blocks, 1) / target.sm_count),
+        float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES else math.nan,
+    ]
+    values += [math.log2(config[p]) if p in config and config[p] > 0
+               else (0.0 if p in config else math.nan) for p in PARAMS]
+    return values
+
+
+def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
+           target: Target) -> np.ndarray:
+    return np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
+
+
+def fractions(gflops: Sequence[float]) -> np.ndarray:
+    """GFLOP/s as a fraction of the best of the same unit (all zeros where none ran)."""
+    values = np.asarray(gflops, dtype=np.float64)
+    best = values.max() if len(values) else 0.0
+    return values / best if best > 0 else np.zeros_like(values)
+
+
+class CostModel:
+    """Predicts, for configs of one problem, their GFLOP/s as a fraction of that problem's
+    best. ``fit`` on examples (normalised per unit); ``add`` rows normalised by the caller
+    (a study's own measurements, weighted)."""
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self.seed = 0 if seed is None else int(seed) % (2**32)
+        self._rows: list[np.ndarray] = []
+        self._targets: list[np.ndarray] = []
+        self._weights: list[np.ndarray] = []
+        self._model: Any = None
+        self._columns = np.ones(len(FEATURES), dtype=bool)  # the columns the fit used
+
+    def copy(self) -> CostModel:
+        """The same rows, unfitted (rows are shared: they are never changed in place)."""
+        other = CostModel(self.seed)
+        other._rows, other._targets = list(self._rows), list(self._targets)
+        other._weights = list(self._weights)
+        return other
+
+    @property
+    def rows(self) -> int:
+        return sum(len(r) for r in self._rows)
+
+    def add(self, x: np.ndarray, y: np.ndarray, weight: float = 1.0) -> None:
+        if len(x):
+            self._rows.append(np.asarray(x, dtype=np.float64))
+            self._targets.append(np.asarray(y, dtype=np.float64))
+            self._weights.append(np.full(len(x), float(weight)))
+
+    def add_examples(self, examples: Iterable[Example], weight: float = 1.0) -> None:
+        """Examples grouped by unit, each unit normalised by its own best."""
+        units: dict[tuple[str, str, str], list[Example]] = {}
+        for example in examples:
+            units.setdefault(example.unit, []).append(example)
+        for unit_examples in units.values():
+            first = unit_examples[0]
+            family = kernels.get_family(first.family)
+            usable = [e for e in unit_examples if _geometry_ok(family, e)]
+            if not usable:
+                continue
+            self.add(matrix(family, [e.config for e in usable], first.problem, first.target),
+                     fractions([e.gflops for e in usable]), weight)
+
+    def fit(self) -> CostModel:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
+
+        if not self._rows:
+            self._model = None
+            return self
+        x = np.concatenate(self._rows)
+        y = np.concatenate(self._targets)
+        w = np.concatenate(self._weights)
+        # a column no example has (a parameter of families not in the data) says nothing
+        self._columns = ~np.all(np.isnan(x), axis=0)
+        x = x[:, self._columns]
+        categorical = np.zeros(len(FEATURES), dtype=bool)
+        categorical[FAMILY_COLUMN] = True
+        categorical = categorical[self._columns]
+        self._model = HistGradientBoostingRegressor(
+            max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
+            min_samples_leaf=min(MIN_SAMPLES_LEAF, max(1, len(x) // 4)),
+            categorical_features=categorical, early_stopping=False, random_state=self.seed)
+        # one thread: deterministic, and the CPU's other cores are compiling candidates
+        with threadpool_limits(1):
+            self._model.fit(x, y, sample_weight=w)
+        return self
+
+    @property
+    def fitted(self) -> bool:
+        return self._model is not None
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        if self._model is None:
+            raise RuntimeError("the cost model has not been fitted (no examples)")
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
+
+
+def _geometry_ok(family: Any, example: Example) -> bool:
+    """Whether the family (as installed) can still lay out this config (a stored config of an
+    older version of the family may name values it no longer has)."""
+    try:
+        geometry(family, example.config, example.problem.m, example.problem.n,
+                 example.problem.k)
+    except (kernels.ConfigError, KeyError, ValueError, ZeroDivisionError):
+        return False
+    return True

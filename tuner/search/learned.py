@@ -1,0 +1,205 @@
+"""``--sampler model``: propose the accepted config a learned cost model ranks best.
+
+The model (``tuner.search.costmodel``) is fitted on what other problems measured — the results
+database's trials of other shapes and GPU models (``examples_from_database``), or in the
+benchmark the other recordings (``examples_from_recordings``, which is where the
+leave-one-out split lives) — and, as the study goes on, on the study's own measurements,
+weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples, and
+refitted as they grow
+(``REFIT_GROWTH``). Each ask takes the unmeasured accepted config with the highest
+prediction; one ask in ``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
+about a region would otherwise never be corrected there), as TVM MetaSchedule's
+epsilon-greedy search does. With nothing to learn from yet (a fresh database, no own
+measurements), the start-up is the static prior's (``SearchSpace.startup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+import kernels
+
+from tuner.problem import Problem
+from tuner.search.costmodel import CostModel, Example, matrix
+from tuner.search.prior import Target
+
+log = logging.getLogger(__name__)
+
+COSTLESS = ("rejected", "missing")  # never compiled nor run: not an example
+# One own measurement counts as at least this many examples of another problem, and the own
+# ones together as much as all of those (bench/NOTES.md, "A learned cost model").
+OWN_WEIGHT = 20.0
+REFIT_GROWTH = 1.25  # refit when the study's measurements grew by a quarter (and by ≥ 2)
+EPSILON = 0.1  # share of asks that take a uniform accepted config
+STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitted
+
+Unit = tuple[str, str, str]  # (GPU model, family, shape): CostModel's Example.unit
+HeldOut = Callable[[Unit], bool]  # units that must not reach a fit
+
+
+def nothing_held_out(unit: Unit) -> bool:
+    return False
+
+
+def problem_held_out(gpu: str, shape: str) -> HeldOut:
+    """Every family's measurements of one problem on one GPU model: a shape the service has
+    never seen (the benchmark's leave-one-out unit)."""
+    return lambda unit: unit[0] == gpu and unit[2] == shape
+
+
+def unit_held_out(held: Unit) -> HeldOut:
+    """One (GPU model, family, shape): a live study's own, which reach it as its trials."""
+    return lambda unit: unit == held
+
+
+def arch_of(compute_capability: str) -> str:
+    """'9.0' → 'sm_90'."""
+    return "sm_" + compute_capability.replace(".", "")
+
+
+def examples_from_recordings(recordings: Sequence[Any], held_out: HeldOut = nothing_held_out
+                             ) -> list[Example]:
+    """Every measured config of every (family, problem) of the recordings, except the units
+    ``held_out`` (leave-one-out: what is being searched never reaches its own fit)."""
+    examples = []
+    for recording in recordings:
+        gpu = str(recording.gpu["name"])
+        target = Target(int(recording.gpu["sm_count"]), recording.arch)
+        for family, problem in recording.pairs():
+            if held_out((gpu, family, problem.shape)) or family not in kernels.FAMILIES:
+                continue
+            for config, result in recording.results(family, problem):
+                if result.state in COSTLESS:
+                    continue
+                examples.append(Example(gpu, target, family, dict(config), problem,
+                                        float(result.gflops or 0.0) if result.usable else 0.0))
+    return examples
+
+
+def examples_from_database(database: Any, families: Collection[str],
+                           held_out: HeldOut = nothing_held_out) -> list[Example]:
+    """Every measured trial of ``families`` the results database holds, except ``held_out``."""
+    examples = []
+    for row in database.measured_configs([f for f in families if f in kernels.FAMILIES]):
+        problem = Problem(row.m, row.n, row.k)
+        if held_out((row.gpu_name, row.family, problem.shape)):
+            continue
+        examples.append(Example(
+            row.gpu_name, Target(row.sm_count, arch_of(row.compute_capability)), row.family,
+            row.params, problem, float(row.gflops or 0.0) if row.state == "ok" else 0.0))
+    return examples
+
+
+@dataclass(frozen=True)
+class LearnedSpace:
+    """What the model sampler needs beyond ``SearchSpace``: every accepted config (positions,
+    every parameter) with its feature row, and the examples of other problems."""
+
+    configs: Sequence[Mapping[str, int]]
+    x: np.ndarray
+    examples: Sequence[Example]
+
+    @classmethod
+    def build(cls, family: Any, accepted: Sequence[Mapping[str, int]],
+              positions: Sequence[Mapping[str, int]], problem: Problem, target: Target,
+              examples: Sequence[Example]) -> LearnedSpace:
+        """``accepted``: configs (values); ``positions``: the same configs as study params."""
+        return cls(list(positions), matrix(family, accepted, problem, target), list(examples))
+
+
+def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:
+    return tuple(int(params[n]) for n in names)
+
+
+class ModelSampler(optuna.samplers.BaseSampler):
+    """See the module's docstring. ``startup``: the static prior's picks (positions)."""
+
+    def __init__(self, learned: LearnedSpace, distributions: Mapping[str, BaseDistribution],
+                 startup: Sequence[Mapping[str, int]], seed: int | None) -> None:
+        self.learned, self.startup = learned, list(startup)
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.varying = {n: d for n, d in distributions.items() if not d.single()}
+        self.constants = {n: d.low for n, d in distributions.items()  # type: ignore[attr-defined]
+                          if d.single()}
+        self.offline = CostModel(seed)
+        self.offline.add_examples(learned.examples)
+        self.names = list(self.varying)
+        self.index = {_key(p, self.names): i for i, p in enumerate(learned.configs)}
+        self.scores: np.ndarray | None = None
+        self.fitted_on = -1  # own measurements in the last fit (-1: none yet)
+        self.fits = 0
+
+    def reseed_rng(self) -> None:
+        self.rng.seed()
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial
+                                    ) -> dict[str, BaseDistribution]:
+        return dict(self.varying)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        names = list(search_space)
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number != trial.number]
+        seen = {_key(t.params, names) for t in [*done, *running] if set(names) <= t.params.keys()}
+        measured = [t for t in done if t.user_attrs.get("state") not in COSTLESS
+                    and set(names) <= t.params.keys() and t.value is not None]
+        unseen = [i for i, p in enumerate(self.learned.configs)
+                  if _key(p, names) not in seen]
+        if not unseen:
+            return {}
+        if self.offline.rows == 0 and len(measured) < STARTUP_TRIALS:
+            for params in self.startup:
+                if _key(params, names) not in seen and _key(params, self.names) in self.index:
+                    return {n: int(params[n]) for n in names}
+            return self._params(self.rng.choice(unseen), names)
+        self._refit(measured)
+        if self.rng.random() < EPSILON or self.scores is None:
+            return self._params(self.rng.choice(unseen), names)
+        best = max(unseen, key=lambda i: self.scores[i])  # type: ignore[index]
+        return self._params(best, names)
+
+    def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
+        return {n: int(self.learned.configs[index][n]) for n in names}
+
+    def _refit(self, measured: Sequence[FrozenTrial]) -> None:
+        """Fit offline + own rows when the own ones grew enough since the last fit."""
+        count = len(measured)
+        if self.fitted_on >= 0 and count < max(self.fitted_on + 2,
+                                               self.fitted_on * REFIT_GROWTH):
+            return
+        model = self.offline.copy()
+        rows = [self.index.get(_key(t.params, self.names)) for t in measured]
+        values = np.array([float(t.value) for t, r in zip(measured, rows) if r is not None])
+        rows_ok = [r for r in rows if r is not None]
+        if rows_ok and values.max() > 0:
+            # the own rows together weigh as much as all examples of other problems
+            weight = max(OWN_WEIGHT, self.offline.rows / len(rows_ok))
+            model.add(self.learned.x[rows_ok], values / values.max(), weight)
+        if model.rows == 0:
+            return
+        self.scores = model.fit().predict(self.learned.x)
+        self.fitted_on = count
+        self.fits += 1
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        if param_distribution.single():
+            return param_distribution.low  # type: ignore[attr-defined]
+        # only reached when every accepted config was measured: the study then stops
+        return optuna.samplers.RandomSampler(seed=self.rng.randrange(2**31)).sample_independent(
+            study, trial, param_name, param_distribution)
