@@ -234,7 +234,7 @@ const gemmtune = (() => {
         hovertemplate: `${g}<br>%{x}: %{y:,.0f} GFLOP/s<br>%{text}<extra></extra>`,
         textposition: "inside", insidetextanchor: "middle", offsetgroup: String(i),
       });
-      const withCublas = mine.map((c) => (c && c.fraction_of_cublas ? c.best_gflops / c.fraction_of_cublas : null));
+      const withCublas = mine.map((c) => (c ? c.cublas_gflops : null));
       if (withCublas.some((v) => v != null)) {
         traces.push({
           type: "scatter", mode: "markers", name: `${g} cuBLAS`, x: shapes.map(label), y: withCublas,
