@@ -265,10 +265,17 @@ class Reads:
         return [
             s.OverviewCellOut(
                 gpu=c.gpu_name, problem=problem_out(c.problem), best_gflops=c.best_gflops,
-                fraction_of_cublas=c.fraction_of_cublas, family=c.family, run_id=c.run_id,
+                fraction_of_cublas=c.fraction_of_cublas, cublas_gflops=c.baseline_gflops, family=c.family,
+                run_id=c.run_id,
             )  # fmt: skip
             for c in self.db.overview(families=families)
         ]
+
+    def compare_models(self, problem_id: int) -> list[s.OverviewCellOut]:
+        """Each GPU model's best on one problem (any family), fastest first: the overview's cells of
+        that problem, so the page's table, its overlay and /api/overview never disagree."""
+        self.problem(problem_id)  # a 404 for an unknown problem, not an empty list
+        return sorted((c for c in self.overview() if c.problem.id == problem_id), key=lambda c: (-c.best_gflops, c.gpu))
 
     def compare_families(self, problem_id: int, gpu: str) -> s.FamilyComparison:
         """Each family's best on one problem and GPU, against the cuBLAS baseline."""

@@ -177,6 +177,15 @@ def compare_families(
     return r.compare_families(problem_id, gpu)
 
 
+@router.get(
+    "/problems/{problem_id}/models",
+    response_model=list[s.OverviewCellOut],
+    summary="GPU models compared on one problem: each model's best (any family) with its own cuBLAS, fastest first",
+)
+def compare_models(r: Db, problem_id: Annotated[int, Path(ge=1, le=ID_MAX)]) -> list[s.OverviewCellOut]:
+    return r.compare_models(problem_id)
+
+
 @router.get("/runs", response_model=list[s.RunOut], summary="Tuning runs, newest first")
 def list_runs(
     r: Db,

@@ -89,8 +89,7 @@ def problem_page(
     problem = r.problem(problem_id)
     gpus_with_runs = sorted({run.gpu for run in r.runs(gpu=None, kernel=None, state=None, problem_id=problem_id,
                                                        offset=0, limit=1000)})  # fmt: skip
-    # The GPU models side by side on this problem: each one's best (any family) and fraction of cuBLAS.
-    models = sorted((c for c in r.overview() if c.problem.id == problem_id), key=lambda c: (-c.best_gflops, c.gpu))
+    models = r.compare_models(problem_id)  # side by side in a table, and overlaid in a chart
     if gpu is None:
         if len(gpus_with_runs) != 1:
             return render(request, "problem_pick_gpu.html", problem=problem, gpus=gpus_with_runs, models=models)

@@ -155,6 +155,7 @@ class OverviewCellOut(BaseModel):
     problem: ProblemOut
     best_gflops: float
     fraction_of_cublas: float | None = None
+    cublas_gflops: float | None = Field(None, description="The latest cuBLAS baseline on the winning trial's board.")
     family: str
     run_id: int
 

@@ -208,7 +208,7 @@ class Listings(DatabaseCore):
                     best_gflops=trial.gflops,
                     fraction_of_cublas=None if base is None else trial.gflops / base,
                     family=family.name, source_hash=family.source_hash, gpu_uuid=gpu.uuid,
-                    run_id=run.id, trial_id=trial.id,
+                    run_id=run.id, trial_id=trial.id, baseline_gflops=base,
                 ))
             return cells
 

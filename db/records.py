@@ -292,6 +292,7 @@ class OverviewCell:
     gpu_uuid: str
     run_id: int
     trial_id: int
+    baseline_gflops: float | None = None  # the cuBLAS GFLOP/s fraction_of_cublas divides by
 
 
 __all__ = [

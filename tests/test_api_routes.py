@@ -234,10 +234,20 @@ def test_overview_and_family_comparison(client, database):
     assert client.get("/api/problems/999/families", params={"gpu": STANDIN_GPU}).status_code == 404
 
 
+def test_models_compared_on_a_problem_are_the_overview_cells_of_that_problem(client):
+    cells = client.get("/api/overview").json()
+    assert all(c["cublas_gflops"] == pytest.approx(CUBLAS) for c in cells)
+    assert all(c["fraction_of_cublas"] == pytest.approx(c["best_gflops"] / c["cublas_gflops"]) for c in cells)
+    for cell in cells:
+        assert client.get(f"/api/problems/{cell['problem']['id']}/models").json() == [cell]  # one GPU model here
+    missing = client.get("/api/problems/999/models")
+    assert missing.status_code == 404 and "unknown problem id 999" in missing.json()["detail"]
+
+
 def test_openapi_documents_every_route(client):
     spec = client.get("/openapi.json").json()
     for path in ("/api/gpus", "/api/kernels", "/api/problems", "/api/best", "/api/runs", "/api/runs/{run_id}",
-                 "/api/runs/{run_id}/trials", "/api/runs/{run_id}/trials/export"):  # fmt: skip
+                 "/api/runs/{run_id}/trials", "/api/runs/{run_id}/trials/export", "/api/problems/{problem_id}/models"):  # fmt: skip
         assert "get" in spec["paths"][path], path
     best_params = {p["name"]: p for p in spec["paths"]["/api/best"]["get"]["parameters"]}
     assert best_params["m"]["schema"]["maximum"] == MAX_DIM

@@ -2,8 +2,9 @@
 
 Checks that plotly draws (its SVG is in the page), that no page logs a console error, that the
 overview links through to a run, that a running run's page refreshes itself as trials land, that
-plotly's mode bar (shown on hover) covers no cuBLAS label, legend or colour bar, and that the run
-page's top-configs table shows every key=value of the longest config inside its panel.
+plotly's mode bar (shown on hover) covers no cuBLAS label, legend or colour bar, that the run
+page's top-configs table shows every key=value of the longest config inside its panel, and that a
+problem measured on two GPU models overlays them in one chart (one sentence instead with one model).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import db
+import httpx
 import kernels
 import pytest
 from test_api_support import STANDIN_GPU, Server, tune_into
@@ -32,6 +34,8 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 SHAPE = (256, 256, 256)
 WIDE = "splitk"  # the family with the most parameters: the longest config in the top-configs table
+OTHER_GPU = "Stand-in GPU B"
+CUBLAS = {STANDIN_GPU: 18_000.0, OTHER_GPU: 24_000.0}  # the stand-in's, and a faster one recorded for B
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,24 @@ def tuned(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tuned):
     s = Server(tuned.url)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    """A server over one problem measured on two GPU models: different families (so different
+    searches and bests), and B with its own, faster cuBLAS baseline recorded after the stand-in's."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('models')}/results.sqlite"
+    tune_into(url, [("naive", SHAPE)], trials=12)
+    tune_into(url, [("blocktile2d", SHAPE)], trials=12, gpu_name=OTHER_GPU, gpu_uuid="GPU-00000000-stand-in-b")
+    with db.open_database(url) as database:
+        [gpu] = database.find_gpus(OTHER_GPU)
+        m, n, k = SHAPE
+        gflops = CUBLAS[OTHER_GPU]
+        database.add_baseline(gpu_id=gpu.id, problem_id=database.ensure_problem(*SHAPE), time_median_ms=2e-6 * m * n * k / gflops,
+                              gflops=gflops)  # fmt: skip
+    s = Server(url)
     yield s
     s.stop()
 
@@ -149,7 +171,34 @@ def test_problem_page_compares_families(page, server, tmp_path):
     assert assert_mode_bar_clear(page, "plot-families", ["g.annotation"]) == 1  # the cuBLAS label
     # the legend (one entry per run) and the cuBLAS label
     assert assert_mode_bar_clear(page, "plot-runs", ["g.annotation", "g.legend"]) == 2
+    # one GPU model measured it: a sentence where the models' overlay would be
+    assert "Only " + STANDIN_GPU in page.inner_text("#models-overlay-note")
+    assert page.locator("#plot-models").count() == 0
     page.screenshot(path=str(tmp_path / "problem.png"), full_page=True)
+
+
+def test_problem_page_overlays_the_gpu_models(page, two_models, tmp_path):
+    """On the GPU picker and on a model's own page: one best-so-far trace per model, ending at that
+    model's best, its cuBLAS dashed in its colour, a legend naming both clear of the mode bar."""
+    [problem] = httpx.get(f"{two_models.base}/api/problems").json()
+    models = httpx.get(f"{two_models.base}/api/problems/{problem['id']}/models").json()
+    assert {c["gpu"] for c in models} == set(CUBLAS)
+    for query in ("", f"?gpu={OTHER_GPU}"):
+        page.goto(f"{two_models.base}/problems/{problem['id']}{query}")
+        wait_for_plots(page, ["plot-models"])
+        traces = page.evaluate("document.getElementById('plot-models').data.map(t =>"
+                               " ({name: t.name, group: t.legendgroup, color: t.line.color, dash: t.line.dash || null, y: t.y}))")
+        curves = {t["name"]: t for t in traces if t["dash"] is None}
+        assert sorted(curves) == sorted(CUBLAS)  # one trace per model
+        for c in models:
+            assert curves[c["gpu"]]["y"][-1] == pytest.approx(c["best_gflops"])
+            [cublas] = [t for t in traces if t["dash"] == "dash" and t["group"] == c["gpu"]]
+            assert cublas["color"] == curves[c["gpu"]]["color"] and cublas["y"] == [CUBLAS[c["gpu"]]] * 2
+        assert len({t["color"] for t in curves.values()}) == 2
+        legend = page.locator("#plot-models g.legend text.legendtext").all_text_contents()
+        assert sorted(legend) == sorted(CUBLAS)
+        assert assert_mode_bar_clear(page, "plot-models", ["g.legend", "g.annotation"]) == 1  # the legend
+        page.screenshot(path=str(tmp_path / f"problem-models{'-' + OTHER_GPU[-1] if query else ''}.png"), full_page=True)
 
 
 def test_running_run_refreshes_as_trials_land(page, browser, server, tuned):

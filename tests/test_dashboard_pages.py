@@ -113,8 +113,14 @@ def test_problem_page_compares_the_gpu_models_side_by_side(tmp_path):
     with TestClient(create_app(url, api_token="")) as client:
         picker = client.get(f"/problems/{pid}")  # two GPUs measured it: pick one, the comparison beside
         chosen = client.get(f"/problems/{pid}", params={"gpu": other})
+        overlaid = client.get(f"/api/problems/{pid}/models").json()  # what the overlay chart draws
+    assert [(c["gpu"], c["best_gflops"], c["run_id"], c["cublas_gflops"]) for c in overlaid] == [
+        (c.gpu_name, c.best_gflops, c.run_id, c.baseline_gflops) for c in cells]  # fastest first
     for page in (picker, chosen):
         assert page.status_code == 200
+        # both pages overlay the models in one chart, drawn in the browser from the endpoint above
+        assert 'id="plot-models"' in page.text and f"gemmtune.modelsOverlay({pid})" in page.text
+        assert "models-overlay-note" not in page.text
         table = page.text.split('id="models-table"', 1)[1].split("</table>", 1)[0]
         rows = [text_of(r) for r in table.split("<tr")[2:]]
         assert len(rows) == 2, rows
@@ -138,4 +144,7 @@ def client_single_page(url: str) -> str:
     with TestClient(create_app(url, api_token="")) as client:
         page = client.get(f"/problems/{pid}")
     assert page.status_code == 200 and "naive" in page.text
+    # one model: a sentence instead of the overlay chart
+    assert f"Only {STANDIN_GPU} has measured this problem" in text_of(page.text)
+    assert 'id="plot-models"' not in page.text and "modelsOverlay" not in page.text
     return page.text

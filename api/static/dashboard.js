@@ -234,7 +234,7 @@ const gemmtune = (() => {
         hovertemplate: `${g}<br>%{x}: %{y:,.0f} GFLOP/s<br>%{text}<extra></extra>`,
         textposition: "inside", insidetextanchor: "middle", offsetgroup: String(i),
       });
-      const withCublas = mine.map((c) => (c && c.fraction_of_cublas ? c.best_gflops / c.fraction_of_cublas : null));
+      const withCublas = mine.map((c) => (c ? c.cublas_gflops : null));
       if (withCublas.some((v) => v != null)) {
         traces.push({
           type: "scatter", mode: "markers", name: `${g} cuBLAS`, x: shapes.map(label), y: withCublas,
@@ -310,5 +310,41 @@ const gemmtune = (() => {
     Plotly.react(runsEl, traces, layout, plotConfig);
   }
 
-  return { runPage, overviewPage, problemPage };
+  // One trace per GPU model: best-so-far GFLOP/s of the run that found that model's best, with the
+  // model's own cuBLAS dashed in its colour. Absolute GFLOP/s rather than fractions of cuBLAS: the
+  // gap between models is what one buys, and each model's dashed line still shows its fraction by
+  // eye (as fractions every cuBLAS line would fall on 1). The curves show whether each best had
+  // converged (a flat tail) or was still climbing, i.e. whether a slower model is only under-tuned.
+  async function modelsOverlay(problemId) {
+    const el = document.getElementById("plot-models");
+    const models = await getJSON(`/api/problems/${problemId}/models`);
+    const runs = await Promise.all(models.map((c) => allTrials(c.run_id, "ok")));
+    const curves = runs.map(bestSoFar);
+    const lastTrial = Math.max(...curves.map((b) => b.xs[b.xs.length - 1]));
+    const traces = [];
+    models.forEach((c, i) => {
+      const color = COLORS[i % COLORS.length];
+      const { xs, ys } = curves[i];
+      traces.push({
+        type: "scatter", mode: "lines", x: xs, y: ys, name: c.gpu, legendgroup: c.gpu,
+        line: { shape: "hv", width: 2, color },
+        text: ys.map((y) => (c.cublas_gflops ? `${fmtF(y / c.cublas_gflops)} of its cuBLAS` : "no cuBLAS baseline")),
+        hovertemplate: `${c.gpu} · run #${c.run_id} ${c.family}<br>trial %{x}: %{y:,.0f} GFLOP/s, %{text}<extra></extra>`,
+      });
+      // A trace rather than a layout shape so it hovers, and hides with its model from the legend.
+      if (c.cublas_gflops) {
+        traces.push({
+          type: "scatter", mode: "lines", x: [0, lastTrial], y: [c.cublas_gflops, c.cublas_gflops],
+          name: `${c.gpu} cuBLAS`, legendgroup: c.gpu, showlegend: false, line: { width: 1.5, dash: "dash", color },
+          hovertemplate: `${c.gpu} cuBLAS: %{y:,.0f} GFLOP/s<extra></extra>`,
+        });
+      }
+    });
+    // The legend right of the plot area, its top level with the area's: below the mode bar's band.
+    const layout = baseLayout({ showlegend: true, legend: { y: 1, yanchor: "top" },
+      xaxis: Object.assign(baseLayout().xaxis, { title: { text: "trial number (each model's best run)" } }) });
+    Plotly.react(el, traces, layout, plotConfig);
+  }
+
+  return { runPage, overviewPage, problemPage, modelsOverlay };
 })();
