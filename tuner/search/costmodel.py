@@ -34,6 +34,7 @@ from tuner.search.prior import (
     SMEM_LOADS_PER_OPERAND,
     STAGED_DEPTH_HALF,
     Target,
+    rate,
     estimated_usage,
     geometry,
 )
@@ -47,9 +48,11 @@ GEOMETRY_FEATURES = (
     "log2_splits", "shared_kib", "outputs_per_thread", "est_registers", "blocks_per_sm",
     "resident_warps", "rounds", "last_round_idle", "edge_waste", "log2_k_per_split",
     "issue", "smem_term", "global_term", "staging_term", "log2_blocks_per_sm_count",
+    "prior_rate",  # the static prior's estimate over the best estimate among the configs given
 )
 FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS))
 FAMILY_COLUMN = FEATURES.index("family")
+PRIOR_RATE = FEATURES.index("prior_rate")
 
 # Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
 # under a second on one core, as the sampler refits during a study).
@@ -108,6 +111,7 @@ def features(family: Any, config: Mapping[str, int], problem: Problem, target: T
         reuse / (reuse + GLOBAL_REUSE_HALF),
         depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0,
         math.log2(max(geom.blocks, 1) / target.sm_count),
+        rate(geom, usage, target, k),
         float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES else math.nan,
     ]
     values += [math.log2(config[p]) if p in config and config[p] > 0
@@ -117,7 +121,15 @@ def features(family: Any, config: Mapping[str, int], problem: Problem, target: T
 
 def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
            target: Target) -> np.ndarray:
-    return np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
+    """Feature rows of configs of one problem. The prior's rate is only an order within a
+    problem: it is divided by its largest value among ``configs`` (pass every accepted config,
+    or every measured one of a full recording, so that the two mean the same)."""
+    x = np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
+    if len(x):
+        column = x[:, PRIOR_RATE]
+        top = column.max()
+        x[:, PRIOR_RATE] = column / top if top > 0 else 0.0
+    return x
 
 
 def fractions(gflops: Sequence[float]) -> np.ndarray:
