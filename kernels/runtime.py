@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Any, Sequence
 
 from kernels.space import Config, Family, Launch, TensorMap
@@ -99,6 +100,11 @@ def encode_tensor_map(tm: TensorMap, operands: dict[str, tuple[int, int]], works
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
 
 
+# Every family's kernel signature: m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, workspace.
+_PARAM_TYPES = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+
+
 class LoadedKernel:
     """A family's CUBIN loaded into the current context, ready to run its launch sequence."""
 
@@ -125,13 +131,15 @@ class LoadedKernel:
                     launch.shared_bytes), "cuFuncSetAttribute(max dynamic shared)")
 
     def launch(self, m: int, n: int, k: int, alpha: float, a: int, lda: int, b: int, ldb: int,
-               beta: float, c: int, ldc: int, workspace: int = 0, stream: Any = 0) -> None:
+               beta: float, c: int, ldc: int, workspace: int = 0, stream: Any = 0,
+               launches: Sequence[Launch] | None = None) -> None:
+        """Run the launch sequence (``launches``: this shape's, else the one it was loaded with;
+        passed in rather than stored, so threads running other shapes never see each other's)."""
         from cuda.bindings import driver
 
         args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace)
-        types = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                 ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-        for launch in self.launches:
+        types = _PARAM_TYPES
+        for launch in self.launches if launches is None else launches:
             params = (args, types)
             if launch.tensor_maps:
                 operands = {"a": (a, lda), "b": (b, ldb)}
@@ -189,7 +197,49 @@ def _stream_handle(stream: Any) -> int:
 
 
 _LOADED: dict[tuple, LoadedKernel] = {}
-_WORKSPACE: dict[int, tuple[int, int]] = {}
+_WORKSPACE: dict[tuple[int, int], tuple[int, int]] = {}  # (device, stream) → (ptr, bytes)
+# Per (device, family, config, shape): the loaded kernel, the launch sequence and the workspace
+# bytes it needs. Working the geometry out is pure Python costing more than the launch itself
+# (tens of µs for wgmma), so repeated calls of one shape take it from here.
+_PLANS: dict[tuple, tuple[LoadedKernel, tuple[Launch, ...], int]] = {}
+PLAN_CACHE = 4096  # entries before the plan cache starts over
+_PLAN_LOCK = threading.Lock()
+
+
+def _plan(fam: Family, config: Config, m: int, n: int, k: int, device: int, arch: str,
+          key: tuple) -> tuple[LoadedKernel, tuple[Launch, ...], int]:
+    from kernels.compiler import compile_config
+
+    launches = tuple(fam.launches(config, m, n, k))
+    need = fam.workspace_bytes(config, m, n, k)
+    with _PLAN_LOCK:  # one compile and module load per config, however many threads ask
+        loaded_key = (device, fam.name, tuple(sorted(config.items())), arch)
+        kernel = _LOADED.get(loaded_key)
+        if kernel is None:
+            kernel = _LOADED[loaded_key] = LoadedKernel(compile_config(fam, config, arch).cubin, launches)
+        if len(_PLANS) >= PLAN_CACHE:
+            _PLANS.clear()
+        plan = _PLANS[key] = (kernel, launches, need)
+    return plan
+
+
+def _workspace(device: int, stream: int, need: int) -> int:
+    """The split-K/pack workspace of (device, stream), grown to ``need`` bytes. One per stream:
+    calls on one stream run in order and can share it; calls on two streams may overlap."""
+    from cuda.bindings import driver
+
+    ptr, size = _WORKSPACE.get((device, stream), (0, 0))
+    if size >= need:
+        return ptr
+    with _PLAN_LOCK:
+        ptr, size = _WORKSPACE.get((device, stream), (0, 0))
+        if size < need:
+            if ptr:
+                check(driver.cuCtxSynchronize(), "cuCtxSynchronize")  # no kernel is using it
+                check(driver.cuMemFree(ptr), "cuMemFree")
+            ptr = int(check(driver.cuMemAlloc(need), "cuMemAlloc(workspace)"))
+            _WORKSPACE[(device, stream)] = (ptr, need)
+    return ptr
 
 
 def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n: int, k: int,
@@ -199,31 +249,19 @@ def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n
     a, b, c: row-major float32 device data (CuPy/PyTorch arrays, or raw pointers with
     lda=k, ldb=n, ldc=n). The CUBIN is compiled (or taken from the cache) on first use.
     """
-    from cuda.bindings import driver
-
     from kernels import get_family
-    from kernels.compiler import compile_config
 
     fam = get_family(family) if isinstance(family, str) else family
-    launches = fam.launches(config, m, n, k)
     pa, pb, pc = device_pointer(a, "a"), device_pointer(b, "b"), device_pointer(c, "c")
     arch = device_arch(device)  # also makes the device's context current
-    key = (device, fam.name, tuple(sorted(config.items())), arch)
-    if key not in _LOADED:
-        compiled = compile_config(fam, config, arch)
-        _LOADED[key] = LoadedKernel(compiled.cubin, launches)
-    kernel = _LOADED[key]
-    kernel.launches = launches  # geometry depends on the shape
-    workspace = 0
-    need = fam.workspace_bytes(config, m, n, k)
-    if need:
-        ptr, size = _WORKSPACE.get(device, (0, 0))
-        if size < need:
-            if ptr:
-                check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
-                check(driver.cuMemFree(ptr), "cuMemFree")
-            ptr = int(check(driver.cuMemAlloc(need), "cuMemAlloc(workspace)"))
-            _WORKSPACE[device] = (ptr, need)
-        workspace = ptr
+    # the config's items in the caller's order: cheaper than sorting, and an order seen twice
+    # only costs a second entry
+    key = (device, fam.name, tuple(config.items()), m, n, k)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(fam, config, m, n, k, device, arch, key)
+    kernel, launches, need = plan
+    handle = _stream_handle(stream)
+    workspace = _workspace(device, handle, need) if need else 0
     kernel.launch(m, n, k, alpha, pa, _leading_dim(a, k), pb, _leading_dim(b, n), beta, pc,
-                  _leading_dim(c, n), workspace, _stream_handle(stream))
+                  _leading_dim(c, n), workspace, handle, launches)

@@ -97,3 +97,34 @@ def test_public_gemm_on_cupy_arrays():
     from kernels.reference import relative_error, tolerance
 
     assert relative_error(cp.asnumpy(dc), ref) < tolerance(k)
+
+
+def test_public_gemm_from_threads_running_other_shapes_of_one_config():
+    """kernels.gemm caches a plan per shape; threads calling one config with different shapes
+    at once must each get their own shape's launches (they once shared a mutable list)."""
+    cp = pytest.importorskip("cupy")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels.reference import relative_error, tolerance
+
+    fam = get_family("splitk")  # a workspace and a second launch: the most state per call
+    config = fam.sample_accepted(1, seed=5)[0]
+    shapes = [(97, 131, 257), (1023, 65, 999), (5, 1000, 33), (256, 256, 256)]
+
+    def run(shape: tuple[int, int, int]) -> float:
+        m, n, k = shape
+        rng = np.random.default_rng(m * n * k)
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        worst = 0.0
+        with cp.cuda.Device(0), cp.cuda.Stream(non_blocking=True) as stream:
+            da, db = cp.asarray(a), cp.asarray(b)
+            for _ in range(20):
+                dc = cp.full((m, n), cp.nan, dtype=cp.float32)
+                kernels.gemm(fam, config, da, db, dc, m, n, k, stream=stream)
+                stream.synchronize()
+                worst = max(worst, relative_error(cp.asnumpy(dc), a.astype(np.float64) @ b) / tolerance(k))
+        return worst
+
+    with ThreadPoolExecutor(len(shapes)) as pool:
+        assert max(pool.map(run, shapes)) < 1.0
