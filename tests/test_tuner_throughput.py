@@ -91,7 +91,7 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     env = dict(os.environ, GEMMTUNE_GPU_BACKEND="tuner.testing")
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "throughput.py"), "--family", "naive",
-         "--shape", "64x48x32", "--timeout", "4", "--trials", "6", "--sampler", "random",
+         "--shape", "64x48x32", "--timeout", "120", "--trials", "6", "--sampler", "random",
          "--standin-measure-s", str(MEASURE_S), "--cache", str(tmp_path / "cubins"),
          "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -104,3 +104,28 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     shares = sum(r["share"] for r in result["phases"].values())
     assert shares == pytest.approx(1.0, abs=1e-6)  # the rows divide the tuning wall time
     assert "configs/s" in done.stdout and "kernel time" in done.stdout
+
+
+def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):
+    """Candidates go to the GPU in the order their compiles finish (``ready``), not in the order
+    they were asked; none is lost or measured twice."""
+    from tuner.measure.testing import StandInEvaluator
+
+    class SlowFirstCompile(StandInEvaluator):
+        def ready(self, family, config) -> bool:  # the first config asked "compiles" forever
+            return (family.name, dict(config)) != self.prepared[0]
+
+    evaluator = SlowFirstCompile()
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
+                      gpu_name=evaluator.gpu_name, sampler="random", batch=4, progress=False,
+                      warm_start=False)
+    run_study(session, NAIVE, SMALL, Budget(trials=6, timeout_s=None, patience=None))
+    measured = [config for _, config, _ in evaluator.calls]
+    prepared = [config for _, config in evaluator.prepared]
+    assert measured[0] != prepared[0] and prepared[0] in measured
+    assert sorted(map(sorted, map(dict.items, measured))) == \
+        sorted(map(sorted, map(dict.items, prepared)))
+    database.close()

@@ -364,6 +364,11 @@ class LiveEvaluator:
             with self.phases.timed(PREPARE):
                 self._compiles[key] = self.pool.submit(family, config)
 
+    def ready(self, family: Any, config: dict[str, int]) -> bool:
+        """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
+        future = self._compiles.get(self._key(family, config))
+        return future is not None and future.done()
+
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
         return self.collect(self.submit(family, config, problem))
 

@@ -499,20 +499,28 @@ class _StudyRun:
         return None
 
     def _submit_ready(self) -> None:
-        """Hand window candidates to the evaluator, in order, while its queue has room: it
-        measures the next one while this thread records, tells and asks (issue 19)."""
-        while self.pending and len(self.submitted) < self.depth:
-            item = self.pending[0]
-            if item.alias:  # the same config as an earlier candidate: answered from its result
-                if item.key not in self.known:
-                    return  # the earlier one is still being measured
-                self.pending.popleft()
-                self._tell_duplicate(item.trial, self.known[item.key])
-                continue
-            self.pending.popleft()
+        """Hand window candidates to the evaluator while its queue has room: it measures the
+        next one while this thread records, tells and asks (issue 19)."""
+        for item in [item for item in self.pending if item.alias and item.key in self.known]:
+            self.pending.remove(item)  # the same config as an earlier one, measured by now
+            self._tell_duplicate(item.trial, self.known[item.key])
+        while len(self.submitted) < self.depth and (item := self._next_compiled()) is not None:
+            self.pending.remove(item)
             started_at = datetime.now(timezone.utc)
             ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
             self.submitted.append(_Submitted(item, ticket, started_at))
+
+    def _next_compiled(self) -> _Pending | None:
+        """The first window candidate whose compile is done, so a slow compile at the head does
+        not hold back those behind it (compile times of one family differ tenfold); else the
+        head, to wait for. Aliases wait for their earlier candidate's result."""
+        ready = getattr(self.session.evaluator, "ready", None)
+        candidates = [item for item in self.pending if not item.alias]
+        if ready is not None:
+            for item in candidates:
+                if ready(self.family, item.config):
+                    return item
+        return candidates[0] if candidates else None
 
     def _measure_next(self, submit_more: bool = True) -> Measurement | None:
         """Record the oldest submitted candidate's measurement (waiting for it)."""
