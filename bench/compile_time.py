@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.family or [f.name for f in kernels.FAMILIES.values()]
     rows = []
-    print("| family | configs | full compile median s (min–max) | front end median s | ptxas share |")
+    print("| family | configs | full compile median s (min–max) | front end median s "
+          "| ptxas share |")
     print("|---|---|---|---|---|")
     for name in names:
         family = kernels.get_family(name)

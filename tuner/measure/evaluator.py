@@ -11,7 +11,7 @@ import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from tuner.measure.phases import GPU_WAIT, Phases
+from tuner.measure import phases as timing  # (a module: this one's capitals are the states)
 from tuner.problem import Problem
 
 # Trial states, spelled as db.TRIAL_STATES (checked by tests/test_trial_result.py).
@@ -102,8 +102,8 @@ def submit(evaluator: Any, family: Any, config: dict[str, int], problem: Problem
     return functools.partial(evaluator.evaluate, family, config, problem)
 
 
-def collect(evaluator: Any, ticket: Any, phases: Phases) -> Measurement:
+def collect(evaluator: Any, ticket: Any, phases: timing.Phases) -> Measurement:
     if hasattr(evaluator, "collect"):
         return evaluator.collect(ticket)  # it accounts its own waits
-    with phases.timed(GPU_WAIT):  # a synchronous evaluator: the whole evaluation is the wait
+    with phases.timed(timing.GPU_WAIT):  # a synchronous evaluator: the whole evaluation is the wait
         return ticket()

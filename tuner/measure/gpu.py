@@ -336,7 +336,8 @@ class GpuBench:
             # every event-timed launch (warm-up included) plus the verification launches, taken
             # at the median: the GPU's kernel time for this candidate
             timed_ms = sum(timing.times_ms) + sum(timing.warm_ms or [])
-            result["kernel_s"] = (timed_ms + len(VERIFY_ALPHA_BETA) * result["time_median_ms"]) / 1e3
+            verify_ms = len(VERIFY_ALPHA_BETA) * result["time_median_ms"]
+            result["kernel_s"] = (timed_ms + verify_ms) / 1e3
             return result
         except CudaError as e:
             if e.sticky:

@@ -462,10 +462,11 @@ class LiveEvaluator:
             self.child.stop()
             self.child.start(self.setup_timeout_s)
             self.replacements += 1
-            if self.problem is not None:
-                self.child.request(("problem", self.problem.m, self.problem.n, self.problem.k),
-                                   self.setup_timeout_s,
-                                   f"preparing problem {self.problem.shape}")
+            if self.problem is not None:  # (not set_problem: it would wait for the queue)
+                problem, self.problem = self.problem, None  # unset if the new child fails too
+                self.child.request(("problem", problem.m, problem.n, problem.k),
+                                   self.setup_timeout_s, f"preparing problem {problem.shape}")
+                self.problem = problem
         # the candidates queued behind the failed one were never measured: the new child gets them
         self._answered_at = time.monotonic()
         for ticket in self._queued:
