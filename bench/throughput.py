@@ -9,7 +9,8 @@ live evaluator: compile pool + GPU child) on a fresh temporary SQLite database, 
 with the same ``--timeout``, and prints:
 
 * per phase of the main thread (tuner.measure.phases): total seconds, share of the tuning
-  wall time, seconds per trial; the GPU child's own phases (load, verify, time) beside them;
+  wall time, seconds per trial; the GPU child's own phases (load, verify, time) beside them,
+  and the GPU request's round trip (posted → answer read, queueing behind another included);
 * configs measured per second (and per minute);
 * the GPU-busy share, two ways, over the tuning wall time:
   - **NVML** ``utilization.gpu``, sampled every 100 ms in a thread (pynvml, else
@@ -176,6 +177,7 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
         "trials": phases.trials, "gpu_answers": phases.answers,
         "configs_per_s": phases.trials / tuning_s if tuning_s else 0.0,
         "phases": rows, "child_phases": child,
+        "gpu_round_trip_per_answer_s": phases.round_trip_s / max(1, phases.answers),
         "gpu_busy": {
             "kernel_time_s": phases.kernel_s,
             "kernel_time_share": phases.kernel_s / tuning_s if tuning_s else 0.0,
@@ -198,6 +200,8 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
     for name, r in result["child_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
+    print(f"GPU request round trip (posted → answer read, queueing included): "
+          f"{1e3 * result['gpu_round_trip_per_answer_s']:.1f} ms per answer")
     busy = result["gpu_busy"]
     nvml = busy["nvml_share"]
     print(f"\nGPU busy, kernel time timed/verified / tuning wall: {busy['kernel_time_share']:.1%} "

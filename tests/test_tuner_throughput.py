@@ -84,6 +84,7 @@ def test_the_phases_cover_the_search_loop(tmp_path):
     # the child slept MEASURE_S per answer, split over load / verify / time
     assert sum(phases.child.values()) >= 0.9 * MEASURE_S * phases.answers
     assert 0 < phases.kernel_s <= sum(phases.child.values())
+    assert phases.round_trip_s >= sum(phases.child.values())  # posted → read spans the work
 
 
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):

@@ -442,7 +442,8 @@ class LiveEvaluator:
             return Measurement(state=CRASHED, error=str(error), **common)
         self._queued.popleft()
         self._answered_at = time.monotonic()
-        self.phases.add_child(result.get("phases"), result.get("kernel_s"))
+        self.phases.add_child(result.get("phases"), result.get("kernel_s"),
+                              self._answered_at - ticket.posted_at)
         return Measurement(
             state=result["state"], error=result.get("error"),
             time_min_ms=result.get("time_min_ms"), time_median_ms=result.get("time_median_ms"),

@@ -44,6 +44,7 @@ class Phases:
     spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # SPANNED ones
     trials: int = 0  # measurements recorded by the study loops (compile errors included)
     answers: int = 0  # candidates the GPU child answered
+    round_trip_s: float = 0.0  # from posting each of them to reading its answer, summed
     _stack: list[list[float]] = field(default_factory=list)  # [start, nested seconds]
 
     @contextmanager
@@ -77,9 +78,12 @@ class Phases:
             self.loop_s += time.perf_counter() - start
             self.loops.append((start_wall, time.monotonic()))
 
-    def add_child(self, phases: Mapping[str, float] | None, kernel_s: float | None) -> None:
-        """One answer of the GPU child: its per-phase seconds and the kernel time it ran."""
+    def add_child(self, phases: Mapping[str, float] | None, kernel_s: float | None,
+                  round_trip_s: float = 0.0) -> None:
+        """One answer of the GPU child: its per-phase seconds, the kernel time it ran, and how
+        long the request took from posting to its answer being read (queueing included)."""
         self.answers += 1
+        self.round_trip_s += round_trip_s
         for name, seconds in (phases or {}).items():
             self.child[name] = self.child.get(name, 0.0) + float(seconds)
         self.kernel_s += float(kernel_s or 0.0)
@@ -92,4 +96,4 @@ class Phases:
         return {"seconds": dict(self.seconds), "counts": dict(self.counts),
                 "child": dict(self.child), "kernel_s": self.kernel_s, "loop_s": self.loop_s,
                 "other_s": self.loop_s - self.in_loop(), "trials": self.trials,
-                "answers": self.answers}
+                "answers": self.answers, "round_trip_s": self.round_trip_s}
