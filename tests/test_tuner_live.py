@@ -96,3 +96,36 @@ def test_no_gpu_is_reported_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMTUNE_STANDIN_NO_GPU", "no CUDA driver in this test")
     with pytest.raises(GpuUnavailable, match="no CUDA driver in this test"):
         LiveEvaluator(0, cache_dir=tmp_path, backend="tuner.testing")
+
+
+def test_a_fault_while_another_candidate_waits_in_the_queue(planted_evaluator):
+    """Asynchronous requests (issue 19): the candidate queued behind one that faults or hangs was
+    never measured by the dying child; the new child measures it, and its answer is the one a
+    lone request gets."""
+    evaluator = planted_evaluator
+    alone = evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+    for planted, state in ((PLANTED_ILLEGAL_ADDRESS, "crashed"),
+                           (PLANTED_INFINITE_LOOP, "timeout")):
+        before = evaluator.replacements
+        bad = evaluator.submit(PLANTED, {"MODE": planted}, SMALL)
+        queued = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+        assert len(evaluator._queued) == 2  # both with the child before either is answered
+        assert evaluator.collect(bad).state == state
+        assert evaluator.replacements == before + 1
+        behind = evaluator.collect(queued)
+        assert behind.state == "ok"
+        assert (behind.gflops, behind.time_median_ms) == (alone.gflops, alone.time_median_ms)
+    assert not evaluator._queued
+
+
+def test_answers_read_ahead_of_their_collect_are_kept(planted_evaluator):
+    """A synchronous request (a new problem) reads the queued answers first; each stays with
+    its ticket."""
+    evaluator = planted_evaluator
+    first = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+    broken = evaluator.submit(PLANTED, {"MODE": PLANTED_COMPILE_ERROR}, SMALL)
+    second = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+    evaluator.set_problem(Problem(32, 32, 32))
+    assert not evaluator._queued
+    assert [evaluator.collect(t).state for t in (second, broken, first)] == [
+        "ok", "compile_error", "ok"]

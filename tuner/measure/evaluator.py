@@ -7,9 +7,11 @@ Implementations: ``tuner.measure.live.LiveEvaluator`` (compile pool + GPU child 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from tuner.measure import phases as timing  # (a module: this one's capitals are the states)
 from tuner.problem import Problem
 
 # Trial states, spelled as db.TRIAL_STATES (checked by tests/test_trial_result.py).
@@ -82,3 +84,26 @@ class Evaluator(Protocol):
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement: ...
 
     def close(self) -> None: ...
+
+
+# Asynchronous measurement (issue 19). An evaluator may offer ``submit(family, config, problem)
+# -> ticket`` and ``collect(ticket) -> Measurement`` (answered in submission order) and a
+# ``queue_depth``: how many tickets it takes at once. These helpers give every other evaluator
+# the same shape: depth 1, measured at collect, exactly as a plain ``evaluate`` call.
+
+
+def queue_depth(evaluator: Any) -> int:
+    return max(1, int(getattr(evaluator, "queue_depth", 1)))
+
+
+def submit(evaluator: Any, family: Any, config: dict[str, int], problem: Problem) -> Any:
+    if hasattr(evaluator, "submit"):
+        return evaluator.submit(family, config, problem)
+    return functools.partial(evaluator.evaluate, family, config, problem)
+
+
+def collect(evaluator: Any, ticket: Any, phases: timing.Phases) -> Measurement:
+    if hasattr(evaluator, "collect"):
+        return evaluator.collect(ticket)  # it accounts its own waits
+    with phases.timed(timing.GPU_WAIT):  # a synchronous evaluator: the whole evaluation is the wait
+        return ticket()

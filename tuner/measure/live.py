@@ -3,6 +3,10 @@
 The GPU child runs ``tuner.measure.gpu.GpuBench`` (or a stand-in backend with the same names). A
 candidate that kills the CUDA context (GpuFault), the child process, or hangs past the timeout
 is recorded as crashed / timeout, and the child is replaced and given the problem again.
+
+Requests are asynchronous (``submit`` / ``collect``, issue 19): up to ``QUEUE_DEPTH`` candidates
+wait in the child's pipe, answered in order. A failure of the one being measured replaces the
+child and hands the ones queued behind it, unmeasured, to the new child.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import importlib
 import logging
 import multiprocessing as mp
 import os
+import queue
+import threading
 import time
 import traceback
+from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +31,8 @@ import kernels
 
 from tuner.lifetime import child_init
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
+from tuner.measure.phases import (COMPILE_WAIT, GPU_SEND, GPU_WAIT, PREPARE, REPLACE, SETUP,
+                                  Phases)
 from tuner.measure.resources import summarize
 from tuner.problem import Problem, config_key
 
@@ -32,6 +41,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TRIAL_TIMEOUT_S = 30.0
 # Context creation, the float64 reference of a large problem, the cuBLAS baseline.
 SETUP_TIMEOUT_S = 600.0
+# Candidates handed to the GPU child at once: one it measures, one waiting in its pipe, so that
+# the next starts the moment the last is answered while the main thread records that one, tells
+# the sampler and asks again. The child still measures one at a time.
+QUEUE_DEPTH = 2
 
 # What the GPU child measures with: a backend's public name (the value of
 # $GEMMTUNE_GPU_BACKEND and of LiveEvaluator's ``backend``, as README and tests spell it) → its
@@ -115,6 +128,10 @@ class GpuChild:
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
         self.arch = ""
+        # Messages go out through a thread: a CUBIN larger than the pipe's buffer would block
+        # the main thread until the child, busy measuring, reads it.
+        self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
 
     def start(self, timeout: float = SETUP_TIMEOUT_S) -> None:
         ctx = mp.get_context("spawn")
@@ -127,6 +144,10 @@ class GpuChild:
         self.process.start()
         child.close()
         self.conn = parent
+        self._outbox = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, args=(parent, self._outbox),
+                                        name=f"gemmtune-gpu{self.device}-send", daemon=True)
+        self._sender.start()
         kind, payload = self._receive(timeout, "starting")
         if kind == "unavailable":
             self.stop()
@@ -157,12 +178,20 @@ class GpuChild:
                 f"GPU process died while {what} (exit code {self.process.exitcode})"
             ) from None
 
-    def request(self, message: tuple, timeout: float, what: str) -> Any:
-        assert self.conn is not None
-        try:
-            self.conn.send(message)
-        except (BrokenPipeError, OSError):
-            raise ChildCrashed(f"GPU process is gone (before {what})") from None
+    @staticmethod
+    def _send_loop(conn: Connection, outbox: queue.SimpleQueue[tuple | None]) -> None:
+        while (message := outbox.get()) is not None:
+            try:
+                conn.send(message)
+            except (BrokenPipeError, OSError):  # the child died: the receiving side says so
+                return
+
+    def post(self, message: tuple) -> None:
+        """Queue a message for the child; returns at once (answers come in order)."""
+        self._outbox.put(message)
+
+    def answer(self, timeout: float, what: str) -> Any:
+        """The child's answer to the oldest request not yet answered."""
         kind, payload = self._receive(timeout, what)
         if kind == "ok":
             return payload
@@ -170,21 +199,25 @@ class GpuChild:
             raise ChildFault(payload)
         raise RuntimeError(payload)
 
+    def request(self, message: tuple, timeout: float, what: str) -> Any:
+        self.post(message)
+        return self.answer(timeout, what)
+
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.is_alive() and self.conn is not None:
-            try:
-                self.conn.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
+        if self.process.is_alive():
+            self.post(("stop",))
             self.process.join(2)
         if self.process.is_alive():
             self.process.kill()  # a hung kernel: only the process's death frees the GPU
             self.process.join(10)
+        self._outbox.put(None)
+        if self._sender is not None:
+            self._sender.join(5)  # a send blocked on the dead child fails, and the thread ends
         if self.conn is not None:
             self.conn.close()
-        self.process, self.conn = None, None
+        self.process, self.conn, self._sender = None, None, None
 
 
 # ------------------------------------------------------------------ the compile pool
@@ -214,8 +247,28 @@ def _family_ref(family: Any) -> Any:
     return family.name if kernels.FAMILIES.get(family.name) is family else family
 
 
-def default_workers() -> int:
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+# Cores left to the main thread (asks, tells, stores) and the GPU child (launches, verification).
+RESERVED_CORES = 2
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Compile processes for this host: every core but the main thread's and the GPU child's
+    (a 16-core GPU host: 14). NVRTC is single-threaded and a compile takes 0.1-3 s of CPU
+    (bench/NOTES.md, issue 19), so compile workers bound configs per second."""
+    cores = (os.cpu_count() or 2) if cores is None else cores
+    return max(1, cores - RESERVED_CORES)
+
+
+@dataclass
+class Ticket:
+    """One candidate handed to the evaluator by ``submit``; ``collect`` turns it into its
+    Measurement. ``answer`` is set at once where no GPU is needed (a compile error), or when the
+    answer was read ahead of its collect (a synchronous request had to pass it)."""
+
+    request: tuple | None
+    common: dict[str, Any] = field(default_factory=dict)
+    posted_at: float = 0.0
+    answer: Measurement | None = None
 
 
 class CompilePool:
@@ -259,20 +312,26 @@ class LiveEvaluator:
         setup_timeout_s: float = SETUP_TIMEOUT_S,
         backend: str = DEFAULT_BACKEND,
         backend_options: dict[str, Any] | None = None,
+        queue_depth: int = QUEUE_DEPTH,
     ) -> None:
         self.trial_timeout_s = trial_timeout_s
         self.setup_timeout_s = setup_timeout_s
+        self.queue_depth = max(1, queue_depth)
+        self.phases = Phases()  # the command's one accumulator (the study run adds its own)
         self.child = GpuChild(device, backend, backend_options or {})
         self.child.start(setup_timeout_s)
         self.pool = CompilePool(self.child.arch, cache_dir, workers or default_workers())
         self.problem: Problem | None = None
         self.replacements = 0
         self._compiles: dict[tuple, Future[_Compiled]] = {}
+        self._queued: deque[Ticket] = deque()  # posted to the child, not yet answered, in order
+        self._answered_at = 0.0  # when the child's last answer was read
 
     @property
     def batch(self) -> int:
-        """How many candidates the search should keep in flight."""
-        return self.pool.workers
+        """How many candidates the search should keep in flight: one compiling per worker
+        besides those queued with the GPU child, so compiles run ahead of the GPU."""
+        return self.pool.workers + self.queue_depth
 
     def info(self) -> dict[str, Any]:
         return dict(self.child.info)
@@ -283,12 +342,16 @@ class LiveEvaluator:
     def set_problem(self, problem: Problem) -> None:
         if problem == self.problem:
             return  # inputs and the float64 reference are already in place
-        self.child.request(("problem", problem.m, problem.n, problem.k), self.setup_timeout_s,
-                           f"preparing problem {problem.shape}")
+        self._drain()
+        with self.phases.timed(SETUP):
+            self.child.request(("problem", problem.m, problem.n, problem.k),
+                               self.setup_timeout_s, f"preparing problem {problem.shape}")
         self.problem = problem
 
     def baseline(self) -> Baseline:
-        result = self.child.request(("baseline",), self.setup_timeout_s, "timing cuBLAS")
+        self._drain()
+        with self.phases.timed(SETUP):
+            result = self.child.request(("baseline",), self.setup_timeout_s, "timing cuBLAS")
         return Baseline(result.get("library", "cublas"), float(result["time_median_ms"]),
                         float(result["gflops"]), result.get("sm_clock_mhz"))
 
@@ -298,17 +361,32 @@ class LiveEvaluator:
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         key = self._key(family, config)
         if key not in self._compiles:
-            self._compiles[key] = self.pool.submit(family, config)
+            with self.phases.timed(PREPARE):
+                self._compiles[key] = self.pool.submit(family, config)
+
+    def ready(self, family: Any, config: dict[str, int]) -> bool:
+        """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
+        future = self._compiles.get(self._key(family, config))
+        return future is not None and future.done()
 
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
+        return self.collect(self.submit(family, config, problem))
+
+    def submit(self, family: Any, config: dict[str, int], problem: Problem) -> Ticket:
+        """Wait for the config's compile and hand it to the GPU child; returns at once after.
+        Collect tickets in the order they were submitted."""
         if problem != self.problem:
             self.set_problem(problem)
         key = self._key(family, config)
-        future = self._compiles.pop(key, None) or self.pool.submit(family, config)
-        compiled = future.result()
+        future = self._compiles.pop(key, None)
+        if future is None:
+            with self.phases.timed(PREPARE):
+                future = self.pool.submit(family, config)
+        with self.phases.timed(COMPILE_WAIT):
+            compiled = future.result()
         if compiled.cubin is None:
-            return Measurement(state=COMPILE_ERROR, error=compiled.error,
-                               compile_seconds=compiled.seconds)
+            return Ticket(None, answer=Measurement(state=COMPILE_ERROR, error=compiled.error,
+                                                   compile_seconds=compiled.seconds))
         used = summarize(family, config, problem, compiled.resources, self.arch())
         common = {
             "compile_seconds": compiled.seconds, "registers": used.registers,
@@ -316,21 +394,56 @@ class LiveEvaluator:
             "occupancy": used.occupancy,
         }
         m, n, k = problem.m, problem.n, problem.k
-        request = ("evaluate", compiled.cubin, family.launches(config, m, n, k),
-                   family.workspace_bytes(config, m, n, k), family.flops(m, n, k))
+        ticket = Ticket(("evaluate", compiled.cubin, family.launches(config, m, n, k),
+                         family.workspace_bytes(config, m, n, k), family.flops(m, n, k)), common)
+        with self.phases.timed(GPU_SEND):
+            self._post(ticket)
+        self._queued.append(ticket)
+        return ticket
+
+    def collect(self, ticket: Ticket) -> Measurement:
+        """The measurement of a submitted candidate (blocks until the child answers it)."""
+        while ticket.answer is None:
+            assert self._queued, "a ticket of another evaluator"
+            # answers come in order: one read ahead of its collect is kept on its ticket
+            head = self._queued[0]
+            head.answer = self._answer(head)
+        return ticket.answer
+
+    def _post(self, ticket: Ticket) -> None:
+        assert ticket.request is not None
+        ticket.posted_at = time.monotonic()
+        self.child.post(ticket.request)
+
+    def _answer(self, ticket: Ticket) -> Measurement:
+        """Read the answer to the oldest queued ticket. Its time limit runs from when the child
+        could start on it: its posting, or the answer before it, whichever came later."""
+        started = max(ticket.posted_at, self._answered_at)
+        remaining = max(0.0, started + self.trial_timeout_s - time.monotonic())
+        common = ticket.common
         try:
-            result = self.child.request(request, self.trial_timeout_s, "evaluating a candidate")
-        except ChildTimeout as error:
-            self._replace_child(str(error))
-            return Measurement(state=TIMEOUT, error=f"{error}; the GPU process was replaced",
+            with self.phases.timed(GPU_WAIT):
+                result = self.child.answer(remaining, "evaluating a candidate")
+        except ChildTimeout:
+            why = (f"GPU process gave no answer within {self.trial_timeout_s:g} s while "
+                   "evaluating a candidate")
+            self._queued.popleft()
+            self._replace_child(why)
+            return Measurement(state=TIMEOUT, error=f"{why}; the GPU process was replaced",
                                **common)
         except (ChildFault, ChildCrashed) as error:
+            self._queued.popleft()
             self._replace_child(str(error))
             return Measurement(state=CRASHED, error=f"{error}; the GPU process was replaced",
                                **common)
         except RuntimeError as error:  # the bench itself raised: keep the text, start clean
+            self._queued.popleft()
             self._replace_child("unexpected error in the GPU process")
             return Measurement(state=CRASHED, error=str(error), **common)
+        self._queued.popleft()
+        self._answered_at = time.monotonic()
+        self.phases.add_child(result.get("phases"), result.get("kernel_s"),
+                              self._answered_at - ticket.posted_at)
         return Measurement(
             state=result["state"], error=result.get("error"),
             time_min_ms=result.get("time_min_ms"), time_median_ms=result.get("time_median_ms"),
@@ -338,14 +451,27 @@ class LiveEvaluator:
             gflops=result.get("gflops"), sm_clock_mhz=result.get("sm_clock_mhz"), **common,
         )
 
+    def _drain(self) -> None:
+        """Read every queued answer (kept on its ticket) before a synchronous request."""
+        while self._queued:
+            head = self._queued[0]
+            head.answer = self._answer(head)
+
     def _replace_child(self, why: str) -> None:
         log.warning("replacing the GPU process: %s", why.splitlines()[0] if why else why)
-        self.child.stop()
-        self.child.start(self.setup_timeout_s)
-        self.replacements += 1
-        if self.problem is not None:
-            problem, self.problem = self.problem, None
-            self.set_problem(problem)
+        with self.phases.timed(REPLACE):
+            self.child.stop()
+            self.child.start(self.setup_timeout_s)
+            self.replacements += 1
+            if self.problem is not None:  # (not set_problem: it would wait for the queue)
+                problem, self.problem = self.problem, None  # unset if the new child fails too
+                self.child.request(("problem", problem.m, problem.n, problem.k),
+                                   self.setup_timeout_s, f"preparing problem {problem.shape}")
+                self.problem = problem
+        # the candidates queued behind the failed one were never measured: the new child gets them
+        self._answered_at = time.monotonic()
+        for ticket in self._queued:
+            self._post(ticket)
 
     def close(self) -> None:
         for future in self._compiles.values():

@@ -137,9 +137,13 @@ class GpuBench:
     kernel name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
     (never answer), "exit" (the process dies), "launch_error" or "wrong" (answered as such)."""
 
-    def __init__(self, device: int = 0, faults: dict[str, str] | None = None) -> None:
+    def __init__(self, device: int = 0, faults: dict[str, str] | None = None,
+                 measure_s: float = 0.0) -> None:
         self.device = device
         self.faults = faults or {}
+        # Wall time one evaluation takes (slept, split 10/30/60 over load/verify/time), so that
+        # bench/throughput.py shows on CPU how the loop overlaps with a busy GPU child.
+        self.measure_s = measure_s
         self.problem: tuple[int, int, int] | None = None
 
     def info(self) -> dict[str, Any]:
@@ -177,10 +181,21 @@ class GpuBench:
             return {"state": "launch_error", "error": "stand-in: too many resources requested",
                     "rel_error": None, "time_min_ms": None, "time_median_ms": None,
                     "time_max_ms": None, "launches": None, "gflops": None, "sm_clock_mhz": None}
+        phases = {name: self._pretend(share) for name, share in
+                  (("load", 0.1), ("verify", 0.3), ("time", 0.6))}
         gflops = 1000.0 + int.from_bytes(hashlib.sha256(cubin).digest()[:2], "big") % 1000
         state = "wrong_result" if behaviour == "wrong" else "ok"
+        timing = self._timing(gflops)
         return {"state": state, "error": "stand-in: max error 1.0" if state != "ok" else None,
-                "rel_error": 1.0 if state != "ok" else 1e-7} | self._timing(gflops)
+                "rel_error": 1.0 if state != "ok" else 1e-7, "phases": phases,
+                # the "kernel" ran for the timed share of the pretended work
+                "kernel_s": phases["time"]} | timing
+
+    def _pretend(self, share: float) -> float:
+        start = time.perf_counter()
+        if self.measure_s > 0:
+            time.sleep(self.measure_s * share)
+        return time.perf_counter() - start
 
 
 # ------------------------------------------------------------------ planted kernels

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a candidate that takes longer on the GPU is recorded as timeout "
                              "and its GPU process replaced (default: %(default)s)")
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
-                        help="compile processes (default: CPU cores - 1, at most 8)")
+                        help="compile processes (default: CPU cores - 2)")
     parser.add_argument("--claim-trials", action=argparse.BooleanOptionalAction, default=None,
                         help="several workers on one study: store each candidate as a running "
                              "trial before measuring it, with a heartbeat (--heartbeat), so the "

@@ -89,7 +89,7 @@ class EvaluatorOptions:
 
     gpu: int = 0
     cache_dir: Path | None = None  # --cache or $GEMMTUNE_CACHE; None: kernels' default folder
-    workers: int | None = None  # compile processes; None: CPU cores - 1, at most 8
+    workers: int | None = None  # compile processes; None: CPU cores - 2 (live.default_workers)
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     backend: str = DEFAULT_BACKEND  # what the GPU child measures with (tuner.measure.live)
 

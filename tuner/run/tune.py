@@ -17,6 +17,7 @@ from typing import Any
 import db
 
 from tuner.lifetime import StopRequest
+from tuner.measure.phases import Phases
 from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions)
 from tuner.search.study import Session
@@ -76,6 +77,8 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         command=command, stop=stop, claim_trials=stores.claim_trials,
         heartbeat_s=stores.heartbeat_s, stale_after_s=stores.stale_after_s,
         compile_cache=compile_cache,
+        # one accumulator for the command: the evaluator's own, where it keeps one
+        phases=getattr(evaluator, "phases", None) or Phases(),
     )
 
 

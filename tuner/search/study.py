@@ -22,7 +22,9 @@ from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
 from tuner.lifetime import StopRequest
-from tuner.measure.evaluator import OK, REJECTED, Evaluator, Measurement
+from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, collect,
+                                     queue_depth, submit)
+from tuner.measure.phases import PROPOSE, STORE, TELL, Phases
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import prior, space
@@ -94,6 +96,8 @@ class Session:
     training: Sequence[Example] | None = None
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
+    # where the studies' wall time goes (tuner.measure.phases); shared with the evaluator's
+    phases: Phases = field(default_factory=Phases)
 
 
 @dataclass
@@ -125,6 +129,15 @@ class _Pending:
     alias: bool = False  # same config as an earlier pending candidate: answered from it
     claim: int | None = None  # its RUNNING trial id in the storage (claims on)
     retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
+
+
+@dataclass
+class _Submitted:
+    """A candidate handed to the evaluator, its measurement not yet recorded."""
+
+    item: _Pending
+    ticket: Any
+    started_at: datetime
 
 
 def study_name(gpu_name: str, family: Any, problem: Problem) -> str:
@@ -241,7 +254,10 @@ class _StudyRun:
                                          skip_if_exists=True)
 
         self.nudges = random.Random(session.seed)
-        self.pending: deque[_Pending] = deque()
+        self.pending: deque[_Pending] = deque()  # asked, compiling, not yet submitted
+        self.submitted: deque[_Submitted] = deque()  # with the evaluator, in order
+        self.depth = queue_depth(session.evaluator)
+        self.phases = session.phases
         self.measured_now = 0
         self.fruitless = 0
         self.run_id = 0
@@ -346,10 +362,12 @@ class _StudyRun:
         trial.set_constraint(CONSTRAINT, violation)
         for attr, attr_value in attrs.items():
             trial.set_user_attr(attr, attr_value)
-        finished = self.study.tell(trial, value)
-        if claim is not None:
-            return self.shared.finish(claim, finished)
-        return self.shared.add_finished(finished)
+        with self.phases.timed(TELL):
+            finished = self.study.tell(trial, value)
+        with self.phases.timed(STORE):
+            if claim is not None:
+                return self.shared.finish(claim, finished)
+            return self.shared.add_finished(finished)
 
     def _record(self, trial: Trial, config: dict[str, int], measurement: Measurement,
                 started_at: datetime, violation: float = 1.0,
@@ -360,10 +378,11 @@ class _StudyRun:
         violation = 0.0 if usable else violation
         attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
         number = self._tell(trial, fields["state"], value, violation, claim, **attrs)
-        self.session.database.add_trial(
-            self.run_id,
-            db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
-        )
+        with self.phases.timed(STORE):
+            self.session.database.add_trial(
+                self.run_id,
+                db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
+            )
         return _Known(number, fields["state"], value, violation)
 
     def _tell_duplicate(self, trial: Trial, earlier: _Known) -> None:
@@ -372,8 +391,12 @@ class _StudyRun:
 
     # ---------------------------------------------------------------- proposals
 
+    def _held(self) -> list[_Pending]:
+        """The candidates of this run in flight: in the window or with the evaluator."""
+        return list(self.pending) + [done.item for done in self.submitted]
+
     def _in_flight(self) -> int:
-        return sum(not item.alias for item in self.pending)
+        return sum(not item.alias for item in self._held())
 
     def _room(self) -> bool:
         """Whether one more candidate fits the window and the budget (counting what other
@@ -391,7 +414,7 @@ class _StudyRun:
             if not self.shared.take_waiting(waiting):
                 continue
             key = self._key_of(waiting)
-            if key in self.known or any(item.key == key for item in self.pending):
+            if key in self.known or any(item.key == key for item in self._held()):
                 self.shared.release(waiting._trial_id, requeue=False)  # answered meanwhile
                 continue
             self.study.enqueue_trial(space.params_from_config(self.family, dict(key)),
@@ -416,7 +439,7 @@ class _StudyRun:
         if key in self._others_busy():  # another worker measures it: its result will come
             self.study.tell(trial, state=TrialState.FAIL)
             return False
-        if any(item.key == key and not item.alias for item in self.pending):
+        if any(item.key == key and not item.alias for item in self._held()):
             self.pending.append(_Pending(trial, config, key, alias=True))
             return False
         try:
@@ -444,6 +467,10 @@ class _StudyRun:
 
     def _fill_window(self) -> None:
         """Keep up to `batch` candidates in flight, so compiles run ahead of the GPU."""
+        with self.phases.timed(PROPOSE):
+            self._fill()
+
+    def _fill(self) -> None:
         if self.shared.claims or time.monotonic() >= self.next_pull:
             self._pull()
             self.next_pull = time.monotonic() + UNCLAIMED_PULL_EVERY_S
@@ -463,7 +490,7 @@ class _StudyRun:
         workers (known only for enumerable spaces)."""
         if self.accepted_all is None:
             return False
-        in_flight = {item.key for item in self.pending}
+        in_flight = {item.key for item in self._held()}
         if counting_others:
             in_flight |= self._others_busy()
         return all(config_key(c) in self.known or config_key(c) in in_flight
@@ -473,7 +500,7 @@ class _StudyRun:
         """Hand a circling sampler an accepted config it has not measured yet."""
         if self.accepted_all is None:
             return
-        in_flight = {item.key for item in self.pending} | self._others_busy()
+        in_flight = {item.key for item in self._held()} | self._others_busy()
         fresh = [c for c in self.accepted_all
                  if config_key(c) not in self.known and config_key(c) not in in_flight]
         if fresh:
@@ -494,22 +521,49 @@ class _StudyRun:
         if budget.patience is not None and tally.best is not None \
                 and tally.since_best >= budget.patience:
             return "patience"
-        if not self.pending and self._covered(counting_others=False):
+        if not self.pending and not self.submitted and self._covered(counting_others=False):
             return "search space exhausted"
         return None
 
-    def _measure_next(self) -> Measurement | None:
-        item = self.pending.popleft()
-        if item.alias:  # the same config as an earlier candidate, measured by now
+    def _submit_ready(self) -> None:
+        """Hand window candidates to the evaluator while its queue has room: it measures the
+        next one while this thread records, tells and asks (issue 19)."""
+        for item in [item for item in self.pending if item.alias and item.key in self.known]:
+            self.pending.remove(item)  # the same config as an earlier one, measured by now
             self._tell_duplicate(item.trial, self.known[item.key])
+        while len(self.submitted) < self.depth and (item := self._next_compiled()) is not None:
+            self.pending.remove(item)
+            started_at = datetime.now(timezone.utc)
+            ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
+            self.submitted.append(_Submitted(item, ticket, started_at))
+
+    def _next_compiled(self) -> _Pending | None:
+        """The first window candidate whose compile is done, so a slow compile at the head does
+        not hold back those behind it (compile times of one family differ tenfold); else the
+        head, to wait for. Aliases wait for their earlier candidate's result."""
+        ready = getattr(self.session.evaluator, "ready", None)
+        candidates = [item for item in self.pending if not item.alias]
+        if ready is not None:
+            for item in candidates:
+                if ready(self.family, item.config):
+                    return item
+        return candidates[0] if candidates else None
+
+    def _measure_next(self, submit_more: bool = True) -> Measurement | None:
+        """Record the oldest submitted candidate's measurement (waiting for it)."""
+        if submit_more:
+            self._submit_ready()
+        if not self.submitted:
             return None
-        started_at = datetime.now(timezone.utc)
-        measurement = self.session.evaluator.evaluate(self.family, item.config, self.problem)
-        result = self._record(item.trial, item.config, measurement, started_at,
+        done = self.submitted.popleft()
+        measurement = collect(self.session.evaluator, done.ticket, self.phases)
+        item = done.item
+        result = self._record(item.trial, item.config, measurement, done.started_at,
                               claim=item.claim)
         self.known[item.key] = result
         self.tally.add(result, item.config)
         self.measured_now += 1
+        self.phases.trials += 1
         _log_trial(result.number, item.config, measurement, self.baseline_gflops)
         return measurement
 
@@ -525,9 +579,16 @@ class _StudyRun:
     def _loop(self, deadline: float | None, bar: tqdm) -> str:
         """Ask and measure until a stop rule holds; returns the reason."""
         self.session.evaluator.set_problem(self.problem)
+        with self.phases.loop():
+            reason = self._search(deadline, bar)
+            while self.submitted:  # measured or being measured: record, whatever the reason
+                self._measure_next(submit_more=False)
+        return reason
+
+    def _search(self, deadline: float | None, bar: tqdm) -> str:
         while (reason := self._stop_reason(deadline)) is None:
             self._fill_window()
-            if self.pending:
+            if self.pending or self.submitted:
                 self._measure_next()
             elif self._others_holding() and heartbeats_on(self.session.storage):
                 # Others hold the rest of the budget (or a dead worker's candidate waits to go
@@ -581,11 +642,14 @@ class _StudyRun:
             run_state, stop_reason = "interrupted", "interrupted"
             raise
         finally:
-            for item in self.pending:  # asked but never measured: not a result, just let go
+            # asked but never recorded (an error or a second Ctrl-C left the evaluator's queue
+            # behind: it reads those answers before its next request): not a result, let go
+            for item in self._held():
                 self.study.tell(item.trial, state=TrialState.FAIL)
                 if item.claim is not None and not item.alias:
                     self.shared.release(item.claim, requeue=item.retry)
             self.pending.clear()
+            self.submitted.clear()
             bar.close()
             self._finish_run(run_state)
             log.info("%s: %s after %d new measurements (%s)", self.name, run_state,

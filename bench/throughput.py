@@ -1,0 +1,282 @@
+"""Tuning throughput: where the tuner's wall time goes and how busy it keeps the GPU (issue 19).
+
+    python bench/throughput.py --shape 2048x2048x2048 --timeout 15 [--family NAME ...]
+        [--gpu 0] [--workers N] [--queue-depth 2] [--trials 80] [--patience 25]
+        [--sampler default] [--cache DIR] [--out FILE]
+
+Runs the tuner's own code path (``python -m tuner``'s options, ``tuner.run.tune.tune``, the
+live evaluator: compile pool + GPU child) on a fresh temporary SQLite database, every study
+with the same ``--timeout``, and prints:
+
+* per phase of the main thread (tuner.measure.phases): total seconds, share of the tuning
+  wall time, seconds per trial; the GPU child's own phases (load, verify, time) beside them,
+  and the GPU request's round trip (posted → answer read, queueing behind another included);
+* configs measured per second (and per minute);
+* the GPU-busy share, two ways, over the tuning wall time:
+  - **NVML** ``utilization.gpu``, sampled every 100 ms in a thread (pynvml, else
+    ``nvidia-smi -lms 100``, else "not available", said so): the driver's share of each sample
+    period in which *any* kernel ran. It counts everything (cuBLAS, verification, copies are
+    not kernels though) and over-reads short kernels in long periods: an upper bound of sorts.
+  - **kernel time**: the sum of the kernel time the bench actually ran for candidates (every
+    event-timed launch, warm-up included, plus the verification launches taken at the median;
+    ``kernel_s`` of ``GpuBench.evaluate``) over the wall time: a lower bound, since it leaves
+    out uploads, downloads, module loads and the float64 check. The target of issue 19 (GPU busy
+    >= 80 % of tuning wall time) is meant on this one; NVML says whether the two agree.
+
+The one-time start (the GPU child's start, and per shape the inputs, float64 reference and
+cuBLAS baseline: phase ``setup``) is excluded from the tuning wall time and reported apart.
+The CUBIN cache is a fresh folder unless ``--cache`` names one: every compile is a real one, as
+in a study of a new kernel version.
+
+Without a GPU, ``GEMMTUNE_GPU_BACKEND=tuner.testing`` runs the whole path on the CPU stand-in;
+``--standin-measure-s S`` makes each stand-in evaluation take S seconds. Such numbers check the
+structure (phases add up, overlap happens), they are not GPU timings.
+
+JSON goes to ``bench/results/throughput-<gpu>.json`` unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, LiveEvaluator, default_workers
+from tuner.measure.phases import MAIN_PHASES, SETUP, Phases
+from tuner.run.cli import parse_args
+from tuner.run.tune import tune
+
+HERE = Path(__file__).resolve().parent
+SAMPLE_EVERY_S = 0.1
+
+
+class UtilizationSampler:
+    """NVML ``utilization.gpu`` every 100 ms in a thread: (monotonic time, percent) pairs."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.samples: list[tuple[float, float]] = []
+        self.source = "not available"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.device)
+            pynvml.nvmlDeviceGetUtilizationRates(handle)
+        except Exception:
+            self._start_smi()
+            return
+        self.source = "pynvml nvmlDeviceGetUtilizationRates"
+
+        def poll() -> None:
+            while not self._stop.wait(SAMPLE_EVERY_S):
+                try:
+                    gpu = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                except Exception:
+                    continue
+                self.samples.append((time.monotonic(), float(gpu)))
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+
+    def _start_smi(self) -> None:
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            self.source = "not available (no pynvml, no nvidia-smi)"
+            return
+        self._process = subprocess.Popen(
+            [smi, "-i", str(self.device), "--query-gpu=utilization.gpu",
+             "--format=csv,noheader,nounits", f"-lms={int(SAMPLE_EVERY_S * 1000)}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.source = "nvidia-smi -lms 100 (pynvml not installed)"
+
+        def read() -> None:
+            assert self._process is not None and self._process.stdout is not None
+            for line in self._process.stdout:
+                try:
+                    self.samples.append((time.monotonic(), float(line.strip())))
+                except ValueError:
+                    continue
+
+        self._thread = threading.Thread(target=read, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(5)
+        if self._thread is not None:
+            self._thread.join(2)
+
+    def mean(self, spans: list[tuple[float, float]],
+             excluded: list[tuple[float, float]] = ()) -> float | None:  # type: ignore[assignment]
+        """Mean utilization (0-1) of the samples inside ``spans`` and outside ``excluded``."""
+        inside = [u for t, u in self.samples
+                  if any(a <= t <= b for a, b in spans)
+                  and not any(a <= t <= b for a, b in excluded)]
+        return statistics.fmean(inside) / 100 if inside else None
+
+
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str]:
+    argv = ["--gpu", str(args.gpu), "--timeout", str(args.timeout), "--trials", str(args.trials),
+            "--patience", str(args.patience), "--db", f"sqlite:///{db_path}",
+            "--cache", str(cache), "--seed", str(args.seed), "--sampler", args.sampler]
+    if args.workers:
+        argv += ["--workers", str(args.workers)]
+    for family in args.family:
+        argv += ["--kernel", family]
+    for shape in args.shape:
+        argv += ["--shape", shape]
+    return argv
+
+
+def report(phases: Phases, *, wall_s: float, start_s: float, sampler: UtilizationSampler,
+           tuning_span: tuple[float, float]) -> dict[str, Any]:
+    """The numbers printed and stored: everything per the tuning wall time (start excluded)."""
+    tuning_s = wall_s - start_s
+    trials = max(1, phases.trials)
+    rows: dict[str, dict[str, float]] = {}
+
+    def row(name: str, seconds: float) -> None:
+        rows[name] = {"seconds": seconds, "share": seconds / tuning_s if tuning_s else 0.0,
+                      "per_trial_s": seconds / trials}
+
+    # outside the loops: building each study (enumeration, the prior's compiles, the database)
+    row("study_start", tuning_s - phases.loop_s)
+    for name in MAIN_PHASES:
+        row(name, phases.seconds.get(name, 0.0))
+    row("other", phases.loop_s - phases.in_loop())
+    child = {name: {"seconds": s, "share": s / tuning_s if tuning_s else 0.0,
+                    "per_trial_s": s / max(1, phases.answers)}
+             for name, s in phases.child.items()}
+    setup_spans = phases.spans.get(SETUP, [])
+    nvml = sampler.mean([tuning_span], setup_spans)
+    nvml_loops = sampler.mean(phases.loops)
+    return {
+        "wall_s": wall_s, "start_s": start_s, "tuning_s": tuning_s, "loop_s": phases.loop_s,
+        "trials": phases.trials, "gpu_answers": phases.answers,
+        "configs_per_s": phases.trials / tuning_s if tuning_s else 0.0,
+        "phases": rows, "child_phases": child,
+        "gpu_round_trip_per_answer_s": phases.round_trip_s / max(1, phases.answers),
+        "gpu_busy": {
+            "kernel_time_s": phases.kernel_s,
+            "kernel_time_share": phases.kernel_s / tuning_s if tuning_s else 0.0,
+            "nvml_share": nvml, "nvml_share_in_loops": nvml_loops,
+            "nvml_source": sampler.source, "nvml_samples": len(sampler.samples),
+        },
+        "raw": phases.as_dict(),
+    }
+
+
+def print_report(result: dict[str, Any]) -> None:
+    print(f"\nwall {result['wall_s']:.1f} s = one-time start {result['start_s']:.1f} s "
+          f"(GPU child, inputs + reference, cuBLAS) + tuning {result['tuning_s']:.1f} s "
+          f"(study loops {result['loop_s']:.1f} s)")
+    print(f"{result['trials']} configs recorded ({result['gpu_answers']} measured on the GPU): "
+          f"{result['configs_per_s']:.2f} configs/s = {60 * result['configs_per_s']:.0f}/min")
+    print(f"\n{'main thread':<14}{'total s':>10}{'share':>9}{'per trial ms':>14}")
+    for name, r in result["phases"].items():
+        print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
+    print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
+    for name, r in result["child_phases"].items():
+        print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
+    print(f"GPU request round trip (posted → answer read, queueing included): "
+          f"{1e3 * result['gpu_round_trip_per_answer_s']:.1f} ms per answer")
+    busy = result["gpu_busy"]
+    nvml = busy["nvml_share"]
+    print(f"\nGPU busy, kernel time timed/verified / tuning wall: {busy['kernel_time_share']:.1%} "
+          f"({busy['kernel_time_s']:.1f} s)")
+    print("GPU busy, NVML utilization.gpu over tuning wall:     "
+          + (f"{nvml:.1%}" if nvml is not None else "-")
+          + f"  [{busy['nvml_source']}, {busy['nvml_samples']} samples]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", action="append", default=[],
+                        help="kernel family (repeat; default: all the GPU runs)")
+    parser.add_argument("--shape", action="append", default=[], help="MxNxK (repeat)")
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per study")
+    parser.add_argument("--trials", type=int, default=80, help="as python -m tuner")
+    parser.add_argument("--patience", type=int, default=25, help="as python -m tuner (0: off)")
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampler", default="default", help="as python -m tuner")
+    parser.add_argument("--workers", type=int, default=None,
+                        help=f"compile processes (default here: {default_workers()})")
+    parser.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
+                        help="candidates handed to the GPU child at once (1: one blocking "
+                             "request at a time, as before issue 19)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="CUBIN cache folder (default: a fresh one, every compile real)")
+    parser.add_argument("--standin-measure-s", type=float, default=0.0,
+                        help="with the CPU stand-in backend: seconds per evaluation")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch:
+        cache = args.cache or Path(scratch) / "cubins"
+        options = parse_args(tuner_argv(args, Path(scratch) / "gemmtune.sqlite", cache))
+        backend = options.evaluator.backend
+        backend_options = ({"measure_s": args.standin_measure_s}
+                           if args.standin_measure_s and backend == "tuner.testing" else None)
+        sampler = UtilizationSampler(args.gpu)
+        sampler.start()
+        started = time.perf_counter()
+        evaluator = LiveEvaluator(
+            options.evaluator.gpu, cache_dir=options.evaluator.cache_dir,
+            workers=options.evaluator.workers, trial_timeout_s=options.evaluator.trial_timeout_s,
+            backend=backend, backend_options=backend_options, queue_depth=args.queue_depth)
+        child_start_s = time.perf_counter() - started
+        tuning_from = time.monotonic()
+        with evaluator:
+            status = tune(options, evaluator, progress=False)
+            info = evaluator.info()
+            workers, batch = evaluator.pool.workers, evaluator.batch
+        wall_s = time.perf_counter() - started
+        tuning_span = (tuning_from, time.monotonic())
+        sampler.stop()
+    phases = evaluator.phases
+    start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
+    result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
+                    tuning_span=tuning_span)
+    result.update({
+        "gpu": info.get("name"), "backend": backend, "command": options.command,
+        "families": [f.name for f in options.families],
+        "shapes": [p.shape for p in options.problems], "timeout_s": args.timeout,
+        "workers": workers, "batch": batch, "queue_depth": evaluator.queue_depth,
+        "cores": os.cpu_count(), "standin_measure_s": args.standin_measure_s or None,
+        "exit_status": status, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    print_report(result)
+    out = args.out or HERE / "results" / f"throughput-{gpu_slug(str(info.get('name')))}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    if backend == "tuner.testing":
+        print(f"({BACKEND_ENV}=tuner.testing: a CPU stand-in; these are no GPU timings)")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
