@@ -71,8 +71,10 @@ COSTLESS = ("rejected", "missing")
 WARM = "default+warm"
 UNCAPPED = ("default", "random", WARM)  # the target check compares these
 KT = "kt:"  # prefix of the Kernel Tuner rows' sampler names
-# Kernel Tuner strategies run by default (what its documentation lists for single-objective
-# tuning); --kernel-tuner all: every strategy Kernel Tuner 1.5 offers.
+# Kernel Tuner strategies run by default (its classic single-objective ones); --kernel-tuner
+# all adds the rest Kernel Tuner 1.5 offers: brute_force (a fixed walk), minimize, greedy_mls,
+# ordered_greedy_mls, hybrid_vndx, adaptive_tabu_greywolf, nsga2/3 (pymoo), skopt and
+# pyatf_strategies (these two need packages Kernel Tuner does not install).
 KT_DEFAULT = ("random_sample", "genetic_algorithm", "dual_annealing", "simulated_annealing",
               "greedy_ils", "mls", "pso", "diff_evo", "firefly_algorithm", "basinhopping",
               "bayes_opt")
@@ -260,8 +262,8 @@ class _ServedOrder:
     repeats, in order) and, once one is within the tightest threshold, declares the run's
     budget spent, which Kernel Tuner's strategies obey as their own stop."""
 
-    def __init__(self, inner: Any, keys: list[str], target_ms: float, cut: int) -> None:
-        self.inner, self.keys, self.target_ms, self.cut = inner, keys, target_ms, cut
+    def __init__(self, inner: Any, target_ms: float, cut: int) -> None:
+        self.inner, self.target_ms, self.cut = inner, target_ms, cut
         self.served: list[dict[str, Any]] = []
         self.reached = self.was_cut = False
 
@@ -299,10 +301,10 @@ class _Watched:
 def _kt_time(result: dict[str, Any]) -> float:
     """A served result's time in ms; inf for a failed config (Kernel Tuner marks those with
     '__error__' and the marker string in 'time')."""
-    time = result.get("time")
-    if "__error__" in result or not isinstance(time, (int, float)):
+    value = result.get("time")
+    if "__error__" in result or not isinstance(value, (int, float)):
         return math.inf
-    return float(time)
+    return float(value)
 
 
 def _kt_restriction(keys: list[str], recorded: set[str]) -> Any:
@@ -361,7 +363,7 @@ def kt_search(job: Job) -> KtSearch:
     best_ms = min(r.time_median_ms for r in recorded.values() if r.usable)
     strategy = job.sampler[len(KT):]
     watched = _Watched(strategy, lambda runner: _ServedOrder(
-        runner, keys, best_ms / (1 - min(THRESHOLDS)), KT_SERVED_PER_CONFIG * len(recorded)))
+        runner, best_ms / (1 - min(THRESHOLDS)), KT_SERVED_PER_CONFIG * len(recorded)))
     options = {} if strategy in KT_NO_MAX_FEVALS else {"max_fevals": job.max_evals}
     random.seed(job.seed)
     numpy.random.seed(job.seed)  # Kernel Tuner's strategies draw from the global RNGs
