@@ -307,16 +307,18 @@ def _kt_time(result: dict[str, Any]) -> float:
     return float(value)
 
 
-def _kt_restriction(keys: list[str], recorded: set[str]) -> Any:
-    """Kernel Tuner's restriction admitting the recorded configs only. A plain function of one
-    argument (the config as a dict): Kernel Tuner rewrites a lambda from its source text (which
-    drops what it closes over), cannot read a callable object's source, and calls the members
-    of a list of callables with the values positionally."""
+def _kt_restriction(recorded: set[str]) -> Any:
+    """Kernel Tuner's restriction admitting the recorded configs only, as a python-constraint
+    FunctionConstraint (called with the values in tune_params order). Not a plain function:
+    Kernel Tuner 1.5 reads a callable restriction's source text from disk to look for lambdas
+    (a closure's captured names are lost, and a source file edited while the benchmark runs
+    yields the wrong lines), and calls a list of callables with the values positionally."""
+    from constraint import FunctionConstraint
 
-    def recorded_only(p: dict[str, Any]) -> bool:
-        return _kt_key(p, keys) in recorded
+    def recorded_only(*values: int) -> bool:
+        return ",".join(str(v) for v in values) in recorded
 
-    return recorded_only
+    return FunctionConstraint(recorded_only)
 
 
 def _kt_key(result: dict[str, Any], keys: list[str]) -> str:
@@ -373,7 +375,7 @@ def kt_search(job: Job) -> KtSearch:
         results, _ = kernel_tuner.tune_kernel(
             job.family, "", [job.problem.m, job.problem.n, job.problem.k], [],
             {k: list(header.grid[k]) for k in keys},
-            restrictions=_kt_restriction(keys, set(recorded)),
+            restrictions=[_kt_restriction(set(recorded))],
             cache=str(_kt_cache_file(job, recording)), simulation_mode=True,
             strategy=watched, strategy_options=options, objective="time",
             objective_higher_is_better=False, seed=job.seed, quiet=True)
@@ -592,8 +594,10 @@ def merge(paths: list[str], out: Path) -> None:
                                  for k, v in d.get("skipped_samplers", {}).items()
                                  if k not in samplers},
             "skipped_pairs": sorted({t for d in documents for t in d.get("skipped_pairs", [])}),
+            # a failure an output reports is stale where another output has the row
             "failed_samplers": {k: v for d in documents
-                                for k, v in d.get("failed_samplers", {}).items()},
+                                for k, v in d.get("failed_samplers", {}).items()
+                                if k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
