@@ -496,7 +496,7 @@ def best_kernel_tuner(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if pair not in best or rank < (best[pair]["median"], best[pair]["p90"]):
             best[pair] = {"recording": pair[0], "family": pair[1], "shape": pair[2],
                           "strategy": row["sampler"], "median": rank[0], "p90": rank[1],
-                          "runs": row["runs"]}
+                          "runs": row["runs"], "max_evals": row["max_evals"]}
     return list(best.values())
 
 
@@ -552,7 +552,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
     best_kt = best_kernel_tuner(rows)
     for best in best_kt:
         print(f"best Kernel Tuner strategy (lowest median to 3%): {best['family']} "
-              f"{best['shape']}: {best['strategy']} {best['median']:g} / {best['p90']:g} "
+              f"{best['shape']}: {best['strategy']} {_cell(best['median'], best['max_evals'])} / "
+              f"{_cell(best['p90'], best['max_evals'])} "
               f"(median / p90)")
     for check in checks:
         print(f"target ({check.get('sampler', 'default')} <= random/3 at 3%): "
@@ -613,7 +614,8 @@ def _run_or_fail(job: Job) -> dict[str, Any]:
     except AssertionError:
         raise  # a counting check: the benchmark itself is wrong
     except Exception as error:  # noqa: BLE001 - Kernel Tuner's own failure, reported
-        return {"sampler": job.sampler, "failed": f"{type(error).__name__}: {error}"[:300]}
+        return {"sampler": job.sampler, "failed": f"{type(error).__name__}: {error}"[:300],
+                "where": f"{job.family} {job.problem.shape} seed {job.seed}"}
 
 
 def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[str, str]]:
@@ -717,16 +719,22 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
+    failures: dict[str, int] = {}
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for index, result in enumerate(pool.map(_run_or_fail, jobs, chunksize=1), start=1):
             if "failed" in result:
-                failed.setdefault(result["sampler"], result["failed"])
+                name = result["sampler"]
+                failures[name] = failures.get(name, 0) + 1
+                failed.setdefault(name, f"{result['failed']} (first: {result['where']})")
             else:
                 results.append(result)
             if index % max(1, len(jobs) // 20) == 0:
                 print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
                       file=sys.stderr)
     # a strategy that failed on some runs has no row at all: a partial row would mislead
+    runs_per_sampler = len(jobs) // max(1, len(samplers) + args.warm_start)
+    failed = {name: f"{failures[name]} of {runs_per_sampler} runs raised {why}"
+              for name, why in failed.items()}
     results = [r for r in results if r["sampler"] not in failed]
     report(results, {"seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
