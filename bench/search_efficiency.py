@@ -565,7 +565,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
     for text in meta.get("skipped_pairs", []):
         print(f"skipped {text}")
     for name, why in meta.get("failed_samplers", {}).items():
-        print(f"sampler {name} FAILED (no row): {why}")
+        print(f"sampler {name} FAILED: {why}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_finite({
         "what": "evaluations (measured candidates; rejected and repeated proposals cost "
@@ -595,10 +595,11 @@ def merge(paths: list[str], out: Path) -> None:
                                  for k, v in d.get("skipped_samplers", {}).items()
                                  if k not in samplers},
             "skipped_pairs": sorted({t for d in documents for t in d.get("skipped_pairs", [])}),
-            # a failure an output reports is stale where another output has the row
+            # a failure is stale when its output has no run of that sampler and another has
             "failed_samplers": {k: v for d in documents
                                 for k, v in d.get("failed_samplers", {}).items()
-                                if k not in {r["sampler"] for r in results}},
+                                if k in {r["sampler"] for r in d["runs"]}
+                                or k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
@@ -615,7 +616,8 @@ def _run_or_fail(job: Job) -> dict[str, Any]:
         raise  # a counting check: the benchmark itself is wrong
     except Exception as error:  # noqa: BLE001 - Kernel Tuner's own failure, reported
         return {"sampler": job.sampler, "failed": f"{type(error).__name__}: {error}"[:300],
-                "where": f"{job.family} {job.problem.shape} seed {job.seed}"}
+                "where": f"{job.family} {job.problem.shape} seed {job.seed}",
+                "pair": [Path(job.recording).name, job.family, job.problem.shape]}
 
 
 def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[str, str]]:
@@ -720,22 +722,27 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     failures: dict[str, int] = {}
+    broken_rows: set[tuple[str, ...]] = set()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for index, result in enumerate(pool.map(_run_or_fail, jobs, chunksize=1), start=1):
             if "failed" in result:
                 name = result["sampler"]
                 failures[name] = failures.get(name, 0) + 1
+                broken_rows.add((*result["pair"], name))
                 failed.setdefault(name, f"{result['failed']} (first: {result['where']})")
             else:
                 results.append(result)
             if index % max(1, len(jobs) // 20) == 0:
                 print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
                       file=sys.stderr)
-    # a strategy that failed on some runs has no row at all: a partial row would mislead
+    # no row for a (pair, strategy) with a failed run: a row over the other seeds would mislead
     runs_per_sampler = len(jobs) // max(1, len(samplers) + args.warm_start)
-    failed = {name: f"{failures[name]} of {runs_per_sampler} runs raised {why}"
+    failed = {name: f"{failures[name]} of {runs_per_sampler} runs raised {why}; no row for "
+                    + ", ".join(" ".join(row[1:3]) for row in sorted(broken_rows)
+                                if row[3] == name)
               for name, why in failed.items()}
-    results = [r for r in results if r["sampler"] not in failed]
+    results = [r for r in results
+               if (r["recording"], r["family"], r["shape"], r["sampler"]) not in broken_rows]
     report(results, {"seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
