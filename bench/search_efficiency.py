@@ -7,6 +7,9 @@
     python bench/search_efficiency.py --samplers tpe cmaes --reference-max-evals 40 --out tc.json
     python bench/search_efficiency.py --samplers gp --family vectorized --reference-max-evals 40 --out gp.json
     python bench/search_efficiency.py --merge dr.json tc.json gp.json
+    # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
+    python bench/search_efficiency.py --samplers default random --kernel-tuner all
+    python bench/search_efficiency.py --kernel-tuner none      # without them
 
 For every (family, shape) of every recording in tests/data/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
@@ -27,6 +30,16 @@ sampler was fitted on the recording it is measured on (``fit_kind``): ``in-sampl
 default's rows on the recordings its constants were chosen on (``DESIGN_RECORDINGS``),
 ``leave-one-out`` for the model's, ``-`` where nothing was fitted (random, Optuna's own).
 
+Kernel Tuner reference rows (``kt:STRATEGY``, ``--kernel-tuner``; on by default when the
+``kernel_tuner`` package is importable): the same (recording, family, shape) written as a Kernel
+Tuner cache (``tuner.measure.kerneltuner.cache_from_recording``) and searched by
+``kernel_tuner.tune_kernel`` in simulation mode, restricted to the recorded configs, with
+``max_fevals`` = the space (or ``--max-evals``), Python's and NumPy's global RNGs seeded per run.
+Counted the same way: the unique configs Kernel Tuner's runner served (ok or failed; a repeat is
+answered from its cache and costs nothing), in the order served, until within 1% (then the run's
+budget is declared spent, Kernel Tuner's own stop). The best-so-far is flops / the cache's
+``time`` (the recorded median ms, the objective Kernel Tuner minimises).
+
 Reported per sampler: the median and 90th percentile of the evaluations needed to reach within
 1%, 3% and 5% of the optimum (``>N``: not reached within N in at least that share of runs),
 printed as a table and written as JSON.
@@ -39,6 +52,7 @@ import json
 import logging
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -68,6 +82,18 @@ CHECKED = ("default", "model", WARM)  # rows the target check holds against rand
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
 DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",
                      "h100-warptile-vectorized-1023x1025x999.json.gz")
+KT = "kt:"  # prefix of the Kernel Tuner rows' sampler names
+# Kernel Tuner strategies run by default (its classic single-objective ones); --kernel-tuner
+# all adds the rest Kernel Tuner 1.5 offers: brute_force (a fixed walk), minimize, greedy_mls,
+# ordered_greedy_mls, hybrid_vndx, adaptive_tabu_greywolf, nsga2/3 (pymoo), skopt and
+# pyatf_strategies (these two need packages Kernel Tuner does not install).
+KT_DEFAULT = ("random_sample", "genetic_algorithm", "dual_annealing", "simulated_annealing",
+              "greedy_ils", "mls", "pso", "diff_evo", "firefly_algorithm", "basinhopping",
+              "bayes_opt")
+KT_NO_MAX_FEVALS = ("brute_force",)  # refuses the option; it walks the whole space anyway
+# A run that keeps re-serving known configs (greedy_ils needs a new config for every unique
+# evaluation and may loop on repeats) is cut after this many served results per config.
+KT_SERVED_PER_CONFIG = 50
 DEFAULT_OUT = ROOT / "bench" / "results" / "search_efficiency.json"
 RECORDINGS = ROOT / "tests" / "data" / "recordings"
 
@@ -118,6 +144,8 @@ def _worker_state(recording_path: str) -> tuple[Any, Recording]:
 
 def run_one(job: Job) -> dict[str, Any]:
     """One study; returns the best-so-far curve over measured candidates."""
+    if job.sampler.startswith(KT):
+        return run_kernel_tuner(job)
     import db
     import optuna
 
@@ -227,6 +255,227 @@ def _first_reach(curve: list[float], threshold: float) -> int | None:
     return None
 
 
+# ------------------------------------------------------------------ Kernel Tuner reference rows
+
+
+def kernel_tuner_strategies() -> tuple[list[str], dict[str, str]]:
+    """Kernel Tuner's strategies that import here, and why the others do not (absent optional
+    packages); both empty with a reason under '*' when kernel_tuner itself is absent."""
+    try:
+        from kernel_tuner.interface import strategy_map
+    except ImportError as error:
+        return [], {"*": f"kernel_tuner is not importable ({error})"}
+    usable, broken = [], {}
+    for name, module in strategy_map.items():
+        try:
+            module.tune  # the lazy module imports on first attribute access
+        except ImportError as error:
+            broken[name] = str(error).split("Original error: ")[-1]
+        else:
+            usable.append(name)
+    return usable, broken
+
+
+def _kt_cache_file(job: Job, recording: Recording) -> Path:
+    """The pair as a Kernel Tuner cache file, written once per worker (simulation mode only
+    reads it)."""
+    from tuner.measure.kerneltuner import cache_from_recording
+
+    _worker_state(job.recording)  # the worker's scratch folder
+    name = f"kt-{Path(job.recording).name}-{job.family}-{job.problem.shape}.json"
+    path = Path(_WORKER["dir"].name) / name
+    if not path.exists():
+        path.write_text(json.dumps(cache_from_recording(recording, job.family, job.problem)))
+    return path
+
+
+class _ServedOrder:
+    """Kernel Tuner's runner, watched: records every result it serves (first visits and
+    repeats, in order) and, once one is within the tightest threshold, declares the run's
+    budget spent, which Kernel Tuner's strategies obey as their own stop."""
+
+    def __init__(self, inner: Any, target_ms: float, cut: int) -> None:
+        self.inner, self.target_ms, self.cut = inner, target_ms, cut
+        self.served: list[dict[str, Any]] = []
+        self.reached = self.was_cut = False
+
+    def run(self, parameter_space: Any, tuning_options: Any) -> list[Any]:
+        results = self.inner.run(parameter_space, tuning_options)
+        self.served += [r for r in results if r is not None]
+        self.reached = self.reached or any(_kt_time(r) <= self.target_ms for r in results if r)
+        self.was_cut = self.was_cut or (not self.reached and len(self.served) >= self.cut)
+        if self.reached or self.was_cut:
+            budget = tuning_options.budget
+            budget.max_fevals = budget.num_fevals
+        return results
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Watched:
+    """A Kernel Tuner strategy run unchanged (through tune_kernel's user-strategy hook) on the
+    watched runner; keeps the budget so the count can be checked against it."""
+
+    def __init__(self, name: str, make_runner: Any) -> None:
+        from kernel_tuner.interface import strategy_map
+
+        self.name, self.module, self.make_runner = name, strategy_map[name], make_runner
+        self.runner: _ServedOrder | None = None
+        self.budget: Any = None
+
+    def tune(self, searchspace: Any, runner: Any, tuning_options: Any) -> Any:
+        self.runner, self.budget = self.make_runner(runner), tuning_options.budget
+        tuning_options["strategy"] = self.name  # as with a named strategy (pymoo's read it)
+        return self.module.tune(searchspace, self.runner, tuning_options)
+
+
+def _kt_time(result: dict[str, Any]) -> float:
+    """A served result's time in ms; inf for a failed config (Kernel Tuner marks those with
+    '__error__' and the marker string in 'time')."""
+    value = result.get("time")
+    if "__error__" in result or not isinstance(value, (int, float)):
+        return math.inf
+    return float(value)
+
+
+def _kt_restriction(recorded: set[str]) -> Any:
+    """Kernel Tuner's restriction admitting the recorded configs only, as a python-constraint
+    FunctionConstraint (called with the values in tune_params order). Not a plain function:
+    Kernel Tuner 1.5 reads a callable restriction's source text from disk to look for lambdas
+    (a closure's captured names are lost, and a source file edited while the benchmark runs
+    yields the wrong lines), and calls a list of callables with the values positionally."""
+    from constraint import FunctionConstraint
+
+    def recorded_only(*values: int) -> bool:
+        return ",".join(str(v) for v in values) in recorded
+
+    return FunctionConstraint(recorded_only)
+
+
+def _kt_key(result: dict[str, Any], keys: list[str]) -> str:
+    return ",".join(str(result[k]) for k in keys)
+
+
+def kt_measured(served: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, float]]:
+    """(config key, time ms) of each config in the order first served: what costs GPU time.
+    Repeats are answered from the cache; Kernel Tuner's InvalidConfig never ran."""
+    from kernel_tuner.util import InvalidConfig
+
+    first: dict[str, float] = {}
+    for result in served:
+        if isinstance(result.get("__error__"), InvalidConfig):
+            continue
+        first.setdefault(_kt_key(result, keys), _kt_time(result))
+    return list(first.items())
+
+
+@dataclass
+class KtSearch:
+    """What one Kernel Tuner run measured: (config key, time ms; inf if it failed) in the order
+    first served, with what the check needs."""
+    measured: list[tuple[str, float]]
+    served: int  # results served, repeats included
+    spent: int  # unique evaluations by Kernel Tuner's own budget
+    returned: list[str]  # unique configs of tune_kernel's results list, in its order
+    best_ms: float  # the recorded optimum's time
+    cut: bool
+    seconds: float
+
+
+def kt_search(job: Job) -> KtSearch:
+    """One Kernel Tuner search in simulation mode over the recorded (family, problem)."""
+    import warnings
+
+    import kernel_tuner
+    import numpy
+
+    recording = _worker_state(job.recording)[1]
+    header = recording.families[job.family]
+    keys = list(header.params)
+    recorded = _kt_recorded(recording, job)
+    best_ms = min(r.time_median_ms for r in recorded.values() if r.usable)
+    strategy = job.sampler[len(KT):]
+    watched = _Watched(strategy, lambda runner: _ServedOrder(
+        runner, best_ms / (1 - min(THRESHOLDS)), KT_SERVED_PER_CONFIG * len(recorded)))
+    options = {} if strategy in KT_NO_MAX_FEVALS else {"max_fevals": job.max_evals}
+    random.seed(job.seed)
+    numpy.random.seed(job.seed)  # Kernel Tuner's strategies draw from the global RNGs
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, _ = kernel_tuner.tune_kernel(
+            job.family, "", [job.problem.m, job.problem.n, job.problem.k], [],
+            {k: list(header.grid[k]) for k in keys},
+            restrictions=[_kt_restriction(set(recorded))],
+            cache=str(_kt_cache_file(job, recording)), simulation_mode=True,
+            strategy=watched, strategy_options=options, objective="time",
+            objective_higher_is_better=False, seed=job.seed, quiet=True)
+    runner = watched.runner
+    assert runner is not None
+    return KtSearch(measured=kt_measured(runner.served, keys), served=len(runner.served),
+                    spent=watched.budget.num_fevals,
+                    returned=[k for k, _ in kt_measured([r for r in results if r], keys)],
+                    best_ms=best_ms, cut=runner.was_cut, seconds=time.perf_counter() - started)
+
+
+def _kt_recorded(recording: Recording, job: Job) -> dict[str, Any]:
+    """The recorded results by Kernel Tuner's cache key (comma-joined values)."""
+    keys = recording.families[job.family].params
+    return {",".join(str(c[k]) for k in keys): r
+            for c, r in recording.results(job.family, job.problem)}
+
+
+def run_kernel_tuner(job: Job) -> dict[str, Any]:
+    """One Kernel Tuner run as a row's run: the best-so-far curve over what it measured."""
+    import kernels
+
+    search = kt_search(job)
+    recording = _worker_state(job.recording)[1]
+    _check_kt_count(job, search, _kt_recorded(recording, job))
+    flops = kernels.get_family(job.family).flops(job.problem.m, job.problem.n, job.problem.k)
+    optimum = recording.optimum(job.family, job.problem)[1]  # type: ignore[index]
+    # our rows' optimum is the best GFLOP/s, Kernel Tuner's the least time: the same config
+    if not math.isclose(flops / search.best_ms / 1e6, optimum, rel_tol=1e-9):
+        raise AssertionError(f"{job}: GFLOP/s {optimum} is not flops / {search.best_ms} ms")
+    curve, best = [], math.inf
+    for _, ms in search.measured:
+        best = min(best, ms)
+        curve.append(search.best_ms / best if math.isfinite(best) else 0.0)
+    return {"recording": Path(job.recording).name, "family": job.family,
+            "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
+            "evaluations": len(curve), "max_evals": job.max_evals, "asked": search.served,
+            "seconds": search.seconds, "cut": search.cut,
+            "order": _order_digest([key for key, _ in search.measured]),
+            "reached": {f"{t:.0%}": _first_reach(curve, t) for t in THRESHOLDS}}
+
+
+def _check_kt_count(job: Job, search: KtSearch, recorded: dict[str, Any]) -> None:
+    """What is counted must be what Kernel Tuner ran: recorded configs, each once, as many as
+    its budget counted, in the order of its own results list, at the recorded times."""
+    order = [key for key, _ in search.measured]
+    stray = [key for key in order if key not in recorded]
+    if stray:
+        raise AssertionError(f"{job}: Kernel Tuner ran configs the recording lacks: {stray[:3]}")
+    if len(order) != search.spent:
+        raise AssertionError(f"{job}: counted {len(order)} configs, Kernel Tuner's budget "
+                             f"counted {search.spent} evaluations")
+    if search.returned != order:
+        raise AssertionError(f"{job}: Kernel Tuner's results list differs from what it served")
+    for key, ms in search.measured:
+        result = recorded[key]
+        if result.usable != math.isfinite(ms) or (result.usable and ms != result.time_median_ms):
+            raise AssertionError(f"{job}: config {key}: served {ms} ms, recorded "
+                                 f"{result.state} {result.time_median_ms} ms")
+
+
+def _order_digest(order: list[str]) -> str:
+    """A short fingerprint of a run's order: equal for every seed = the strategy ignores it."""
+    import hashlib
+
+    return hashlib.sha1("|".join(order).encode()).hexdigest()[:12]
+
+
 def _percentile(values: list[int | None], q: float) -> float:
     """Nearest-rank percentile with runs that never reached as +inf."""
     ranked = sorted(math.inf if v is None else v for v in values)
@@ -259,8 +508,29 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             reached = [r["reached"][key] for r in runs]
             row[key] = {"median": _median(reached), "p90": _percentile(reached, 0.9),
                         "not_reached": sum(v is None for v in reached)}
+        if sampler.startswith(KT):
+            # one order for every seed: the strategy ignores the seeding (or is deterministic)
+            row["distinct_orders"] = len({r["order"] for r in runs})
+            row["cut"] = sum(bool(r.get("cut")) for r in runs)
         rows.append(row)
     return rows
+
+
+def best_kernel_tuner(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pair, the Kernel Tuner strategy with the lowest median to 3% (ties: lower p90).
+    A strategy that took one order for every seed (brute_force's fixed walk) is left out: its
+    figure says where the optimum sits in that walk, not how well it searches."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in rows:
+        if not row["sampler"].startswith(KT) or (row["runs"] > 1 and row["distinct_orders"] == 1):
+            continue
+        pair = (row["recording"], row["family"], row["shape"])
+        rank = (row["3%"]["median"], row["3%"]["p90"])
+        if pair not in best or rank < (best[pair]["median"], best[pair]["p90"]):
+            best[pair] = {"recording": pair[0], "family": pair[1], "shape": pair[2],
+                          "strategy": row["sampler"], "median": rank[0], "p90": rank[1],
+                          "runs": row["runs"], "max_evals": row["max_evals"]}
+    return list(best.values())
 
 
 def _cell(value: float, cap: int) -> str:
@@ -310,9 +580,16 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
           f"nothing and are not counted) until within 1/3/5% of the recorded optimum, "
           f"{'/'.join(map(str, seeds))} seeds per row. '>N': not reached within N measured "
           f"configs in at least that share of the runs; N is the whole accepted space for "
-          f"default and random, and the --reference-max-evals cap for Optuna's own samplers:")
+          f"default, random and Kernel Tuner's strategies (kt:), and the "
+          f"--reference-max-evals cap for Optuna's own samplers:")
     print(format_table(["family", "shape", "sampler", "fitted on it",
                         *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
+    best_kt = best_kernel_tuner(rows)
+    for best in best_kt:
+        print(f"best Kernel Tuner strategy (lowest median to 3%): {best['family']} "
+              f"{best['shape']}: {best['strategy']} {_cell(best['median'], best['max_evals'])} / "
+              f"{_cell(best['p90'], best['max_evals'])} "
+              f"(median / p90)")
     for check in checks:
         p90 = (f"; p90 {check['p90']:g} <= random's median: "
                f"{'met' if check['p90_met'] else 'NOT met'}" if "p90" in check else "")
@@ -324,6 +601,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
         print(f"sampler {name} skipped: {why}")
     for text in meta.get("skipped_pairs", []):
         print(f"skipped {text}")
+    for name, why in meta.get("failed_samplers", {}).items():
+        print(f"sampler {name} FAILED: {why}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(_finite({
         "what": "evaluations (measured candidates; rejected and repeated proposals cost "
@@ -331,9 +610,13 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
                 "optimum; one tuner search loop per run, cold (no warm start) except the "
                 "default+warm rows (warm-started from the family's recorded optima on the other "
                 "recorded problems); null: not reached within "
-                "the row's max_evals (the whole space for default and random, the "
-                "--reference-max-evals cap for tpe, gp and cmaes)",
-        **meta, "summary": rows, "target": checks, "runs": results,
+                "the row's max_evals (the whole space for default, random and the kt: rows, "
+                "the --reference-max-evals cap for tpe, gp and cmaes); kt:STRATEGY rows: "
+                "Kernel Tuner's strategy in simulation mode on the recording written as its "
+                "cache, counting the unique configs its runner served; kernel_tuner_best: "
+                "per pair, the kt: row with the lowest median to 3%",
+        **meta, "summary": rows, "target": checks, "kernel_tuner_best": best_kt,
+        "runs": results,
     }), indent=1, allow_nan=False))
     print(f"wrote {out}", file=sys.stderr)
 
@@ -349,10 +632,53 @@ def merge(paths: list[str], out: Path) -> None:
                                  for k, v in d.get("skipped_samplers", {}).items()
                                  if k not in samplers},
             "skipped_pairs": sorted({t for d in documents for t in d.get("skipped_pairs", [])}),
+            # a failure is stale when its output has no run of that sampler and another has
+            "failed_samplers": {k: v for d in documents
+                                for k, v in d.get("failed_samplers", {}).items()
+                                if k in {r["sampler"] for r in d["runs"]}
+                                or k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out)
+
+
+def _run_or_fail(job: Job) -> dict[str, Any]:
+    """run_one; a Kernel Tuner strategy that raises is reported, not fatal to the others."""
+    if not job.sampler.startswith(KT):
+        return run_one(job)
+    try:
+        return run_one(job)
+    except AssertionError:
+        raise  # a counting check: the benchmark itself is wrong
+    except Exception as error:  # noqa: BLE001 - Kernel Tuner's own failure, reported
+        return {"sampler": job.sampler, "failed": f"{type(error).__name__}: {error}"[:300],
+                "where": f"{job.family} {job.problem.shape} seed {job.seed}",
+                "pair": [Path(job.recording).name, job.family, job.problem.shape]}
+
+
+def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[str, str]]:
+    """The kt: rows to run and the requested ones skipped (with why)."""
+    if requested == ["none"]:
+        return [], {}
+    usable, broken = kernel_tuner_strategies()
+    if "*" in broken:
+        print(f"Kernel Tuner rows skipped: {broken['*']} (pip install -e '.[bench]')",
+              file=sys.stderr)
+        return [], ({} if requested is None else {f"{KT}*": broken["*"]})
+    if requested is None:
+        wanted = list(KT_DEFAULT)
+    elif requested == ["all"]:
+        wanted = usable + list(broken)
+    else:
+        wanted = requested
+    chosen, skipped = [], {}
+    for name in wanted:
+        if name in usable:
+            chosen.append(KT + name)
+        else:
+            skipped[KT + name] = broken.get(name, "not a Kernel Tuner strategy")
+    return chosen, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
                              "from the family's recorded optima on the other recorded problems "
                              "(leave-one-out), as the tuner starts in a service that has tuned "
                              "other shapes")
+    parser.add_argument("--kernel-tuner", nargs="+", default=None, metavar="STRATEGY",
+                        help="Kernel Tuner strategies to add as kt:STRATEGY rows: names, 'all' "
+                             "(every strategy Kernel Tuner offers), or 'none'; default: "
+                             f"{' '.join(KT_DEFAULT)} when kernel_tuner is importable")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -396,6 +726,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             samplers.append(name)
 
+    strategies, kt_skipped = _kernel_tuner_choice(args.kernel_tuner)
+    skipped |= kt_skipped
+    samplers += strategies
+
     jobs: list[Job] = []
     caps: dict[tuple[str, str, str], int] = {}
     unusable: list[str] = []
@@ -414,7 +748,8 @@ def main(argv: list[str] | None = None) -> int:
             caps[(Path(path).name, family, problem.shape)] = cap
             runs = samplers + ([WARM] if args.warm_start else [])
             jobs += [Job(path, family, problem, s, seed,
-                         cap if s in UNCAPPED else min(cap, args.reference_max_evals or cap),
+                         cap if s in UNCAPPED or s.startswith(KT)
+                         else min(cap, args.reference_max_evals or cap),
                          tuple(paths))
                      for s in runs for seed in range(args.seeds)]
     rows_per_pair = len(samplers) + args.warm_start
@@ -422,13 +757,31 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.seeds} seeds) on {args.workers} processes", file=sys.stderr)
     started = time.monotonic()
     results: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    failures: dict[str, int] = {}
+    broken_rows: set[tuple[str, ...]] = set()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        for index, result in enumerate(pool.map(run_one, jobs, chunksize=1), start=1):
-            results.append(result)
+        for index, result in enumerate(pool.map(_run_or_fail, jobs, chunksize=1), start=1):
+            if "failed" in result:
+                name = result["sampler"]
+                failures[name] = failures.get(name, 0) + 1
+                broken_rows.add((*result["pair"], name))
+                failed.setdefault(name, f"{result['failed']} (first: {result['where']})")
+            else:
+                results.append(result)
             if index % max(1, len(jobs) // 20) == 0:
                 print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
                       file=sys.stderr)
+    # no row for a (pair, strategy) with a failed run: a row over the other seeds would mislead
+    runs_per_sampler = len(jobs) // max(1, len(samplers) + args.warm_start)
+    failed = {name: f"{failures[name]} of {runs_per_sampler} runs raised {why}; no row for "
+                    + ", ".join(" ".join(row[1:3]) for row in sorted(broken_rows)
+                                if row[3] == name)
+              for name, why in failed.items()}
+    results = [r for r in results
+               if (r["recording"], r["family"], r["shape"], r["sampler"]) not in broken_rows]
     report(results, {"seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
+                     "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
                       "seconds": time.monotonic() - started}, Path(args.out))
     return 0

@@ -34,7 +34,8 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     out = tmp_path / "se.json"
     bench = _bench_module()
     assert bench.main(["--recording", str(path), "--seeds", "2", "--samplers", "default",
-                       "random", "--workers", "1", "--out", str(out)]) == 0
+                       "random", "--workers", "1",
+                       "--kernel-tuner", "none", "--out", str(out)]) == 0
     document = json.loads(out.read_text())
     assert document["seeds"] == 2 and len(document["runs"]) == 4
     for run in document["runs"]:
@@ -51,7 +52,8 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     # Optuna's own samplers run separately under a cap, then one table from both outputs
     capped = tmp_path / "tpe.json"
     assert bench.main(["--recording", str(path), "--seeds", "2", "--samplers", "tpe",
-                       "--reference-max-evals", "3", "--workers", "1", "--out", str(capped)]) == 0
+                       "--reference-max-evals", "3", "--workers", "1",
+                       "--kernel-tuner", "none", "--out", str(capped)]) == 0
     assert {r["max_evals"] for r in json.loads(capped.read_text())["runs"]} == {3}
     merged = tmp_path / "merged.json"
     assert bench.main(["--merge", str(out), str(capped), "--out", str(merged)]) == 0
@@ -64,7 +66,8 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     # --family keeps only the named families' pairs: none of the fixture's here
     other = tmp_path / "none.json"
     assert bench.main(["--recording", str(path), "--family", "vectorized", "--samplers",
-                       "random", "--workers", "1", "--out", str(other)]) == 0
+                       "random", "--workers", "1",
+                       "--kernel-tuner", "none", "--out", str(other)]) == 0
     assert json.loads(other.read_text())["runs"] == []
 
 
@@ -98,7 +101,8 @@ def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
 
     out = tmp_path / "warm.json"
     assert bench.main(["--recording", path, "--seeds", "2", "--samplers", "default", "random",
-                       "--warm-start", "--workers", "1", "--out", str(out)]) == 0
+                       "--warm-start", "--workers", "1",
+                       "--kernel-tuner", "none", "--out", str(out)]) == 0
     document = json.loads(out.read_text())
     assert {r["sampler"] for r in document["summary"]} == {"default", "random", bench.WARM}
     assert {c["sampler"] for c in document["target"]} == {"default", bench.WARM}
