@@ -163,3 +163,15 @@ def _bench_module():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def test_examples_are_capped_keeping_the_family_own_first(recordings):
+    from tuner.search.learned import capped
+
+    examples = examples_from_recordings(recordings)
+    own = [e for e in examples if e.family == "warptile"]
+    kept = capped(examples, "warptile", limit=len(own) + 10, seed=1)
+    assert len(kept) == len(own) + 10
+    assert [e for e in kept if e.family == "warptile"] == own
+    assert capped(examples, "warptile", limit=10**6) == examples
+    assert capped(examples, "warptile", limit=5, seed=1) == capped(examples, "warptile", limit=5, seed=1)

@@ -30,7 +30,7 @@ from tuner.report import config_text
 from tuner.search import prior, space
 from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.search.learned import LearnedSpace, examples_from_database, unit_held_out
+from tuner.search.learned import LearnedSpace, capped, examples_from_database, unit_held_out
 from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.search.warmstart import warm_start_configs
 
@@ -286,7 +286,7 @@ class _StudyRun:
         return LearnedSpace.build(
             self.family, self.accepted_all,
             [space.params_from_config(self.family, c) for c in self.accepted_all],
-            self.problem, target, examples)
+            self.problem, target, capped(examples, self.family.name, seed=self.session.seed))
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the
