@@ -230,12 +230,14 @@ class _StudyRun:
         changes = self.shared.pull()
         history = changes.completed
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
-        wants_startup = (session.sampler in ("default", "model")
-                         and len(history) < STARTUP_TRIALS)
+        learned = self._learned() if session.sampler == "model" else None
+        # The model sampler starts from the static prior only with nothing to learn from.
+        wants_startup = (len(history) < STARTUP_TRIALS
+                         and (session.sampler == "default"
+                              or (learned is not None and not learned.examples)))
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
                                    self._prior_startup() if wants_startup else (),
-                                   self._geometry_groups(),
-                                   self._learned() if session.sampler == "model" else None)
+                                   self._geometry_groups(), learned)
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
@@ -283,10 +285,14 @@ class _StudyRun:
             examples = examples_from_database(
                 self.session.database, list(kernels.FAMILIES),
                 unit_held_out((self.session.gpu_name, self.family.name, self.problem.shape)))
+        examples = capped(examples, self.family.name, seed=self.session.seed)
+        log.info("%s: the cost model learns from %d measured configs of other problems (%d of "
+                 "%s), then from this study's own", self.name, len(examples),
+                 sum(e.family == self.family.name for e in examples), self.family.name)
         return LearnedSpace.build(
             self.family, self.accepted_all,
             [space.params_from_config(self.family, c) for c in self.accepted_all],
-            self.problem, target, capped(examples, self.family.name, seed=self.session.seed))
+            self.problem, target, examples)
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the
