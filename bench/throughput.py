@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, LiveEvaluator, default_workers
-from tuner.measure.phases import MAIN_PHASES, SETUP, Phases
+from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, Phases
 from tuner.run.cli import parse_args
 from tuner.run.tune import tune
 
@@ -166,6 +166,10 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
     for name in MAIN_PHASES:
         row(name, phases.seconds.get(name, 0.0))
     row("other", phases.loop_s - phases.in_loop())
+    # the writer thread's storage writes (store_bg): beside the main thread, not in its rows
+    background = {name: {"seconds": s, "share": s / tuning_s if tuning_s else 0.0,
+                         "per_trial_s": s / trials}
+                  for name in BACKGROUND_PHASES if (s := phases.seconds.get(name, 0.0))}
     child = {name: {"seconds": s, "share": s / tuning_s if tuning_s else 0.0,
                     "per_trial_s": s / max(1, phases.answers)}
              for name, s in phases.child.items()}
@@ -176,7 +180,7 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
         "wall_s": wall_s, "start_s": start_s, "tuning_s": tuning_s, "loop_s": phases.loop_s,
         "trials": phases.trials, "gpu_answers": phases.answers,
         "configs_per_s": phases.trials / tuning_s if tuning_s else 0.0,
-        "phases": rows, "child_phases": child,
+        "phases": rows, "background_phases": background, "child_phases": child,
         "gpu_round_trip_per_answer_s": phases.round_trip_s / max(1, phases.answers),
         "gpu_busy": {
             "kernel_time_s": phases.kernel_s,
@@ -197,6 +201,9 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"\n{'main thread':<14}{'total s':>10}{'share':>9}{'per trial ms':>14}")
     for name, r in result["phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
+    for name, r in result["background_phases"].items():
+        print(f"{name + ' (thread)':<14}{r['seconds']:>10.2f}{r['share']:>9.1%}"
+              f"{1e3 * r['per_trial_s']:>14.1f}  (writer thread, beside the main thread)")
     print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
     for name, r in result["child_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")

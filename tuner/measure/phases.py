@@ -22,11 +22,15 @@ PREPARE = "prepare"      # handing a config to the compile pool
 COMPILE_WAIT = "compile_wait"  # blocked on a compile future
 GPU_SEND = "gpu_send"    # handing a request to the GPU child
 GPU_WAIT = "gpu_wait"    # blocked on the GPU child's answer
-STORE = "store"          # results database and Optuna storage writes
+STORE = "store"          # storage writes: handing them to the writer thread, waiting on it
 TELL = "tell"            # the in-memory study's tell
 REPLACE = "replace"      # a faulted / hung / dead GPU child replaced (process + problem)
 SETUP = "setup"          # one-time per shape: inputs + float64 reference, cuBLAS baseline
 MAIN_PHASES = (PROPOSE, PREPARE, COMPILE_WAIT, GPU_SEND, GPU_WAIT, STORE, TELL, REPLACE)
+# The writer thread's own time (tuner.search.writer): Optuna storage + results database writes,
+# beside the main thread like the GPU child's, so not part of the main-thread sum.
+STORE_BG = "store_bg"
+BACKGROUND_PHASES = (STORE_BG,)
 # Phases whose (start, end) are kept too: a GPU-busy share leaves the one-time setup out.
 SPANNED = (SETUP,)
 
@@ -64,9 +68,9 @@ class Phases:
             if name in SPANNED:
                 self.spans.setdefault(name, []).append((wall, time.monotonic()))
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, count: int = 1) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-        self.counts[name] = self.counts.get(name, 0) + 1
+        self.counts[name] = self.counts.get(name, 0) + count
 
     @contextmanager
     def loop(self) -> Iterator[None]:

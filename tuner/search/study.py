@@ -10,10 +10,11 @@ import random
 import socket
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import db
 import kernels
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, collect,
                                      queue_depth, submit)
-from tuner.measure.phases import PROPOSE, STORE, TELL, Phases
+from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import prior, space
@@ -33,6 +34,7 @@ from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import LearnedSpace, capped, examples_from_database, unit_held_out
 from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.search.warmstart import warm_start_configs
+from tuner.search.writer import StoreWriter, done
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,10 @@ class Session:
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
     # where the studies' wall time goes (tuner.measure.phases); shared with the evaluator's
     phases: Phases = field(default_factory=Phases)
+    # Finished trials are written (Optuna storage, then results database) by a writer thread
+    # while the loop goes on (tuner.search.writer); False: on the main thread, as before
+    # (kept to compare the two in tests).
+    background_store: bool = True
 
 
 @dataclass
@@ -115,10 +121,14 @@ class StudyOutcome:
 
 @dataclass
 class _Known:
-    number: int
+    stored: Future[int]  # its number in the storage, once the writer thread has stored it
     state: str
     value: float
     violation: float
+
+    @property
+    def number(self) -> int:
+        return self.stored.result()
 
 
 @dataclass
@@ -159,7 +169,7 @@ def _known_from_trials(family: Any, trials: list[FrozenTrial]
                                                         trial.distributions))
         known.setdefault(
             key,
-            _Known(trial.number, state, float(trial.value or 0.0),
+            _Known(done(trial.number), state, float(trial.value or 0.0),
                    sum(max(0.0, v) for v in trial.constraints.values())),
         )
     return known
@@ -204,7 +214,8 @@ class _Tally:
 
 class _StudyRun:
     """One run of one study. The study lives in the Optuna storage; the search runs on an
-    in-memory copy and writes each finished trial back in one transaction. (Asking and telling
+    in-memory copy and writes each finished trial back in one transaction, on a writer thread
+    (tuner.search.writer) while the loop goes on, in trial order. (Asking and telling
     through an RDB storage costs a commit per parameter and attribute, a quarter second per
     trial on a slow disk, and trials in flight when the process dies never reach the storage.)
     Before each ask it pulls what other workers stored since (tuner.search.fleet); with claims on, a
@@ -264,6 +275,7 @@ class _StudyRun:
         self.fruitless = 0
         self.run_id = 0
         self.next_pull = 0.0
+        self.writer = StoreWriter(background=session.background_store)
 
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
         """Every accepted config (positions), grouped by geometry; [] where there are no groups
@@ -346,7 +358,20 @@ class _StudyRun:
                 distributions=self.distributions))
 
     def _pull(self) -> None:
+        self._flush()  # our own writes first: the pull reads them back (and skips them)
         self._learn(self.shared.pull())
+
+    def _flush(self) -> None:
+        """Wait for the writer thread's queue to drain (raising its error, if any): before
+        reading the storage, writing to it from this thread, or ending the run."""
+        with self.phases.timed(STORE):
+            self.writer.flush()
+        self._count_background()
+
+    def _count_background(self) -> None:
+        seconds, jobs = self.writer.take_seconds()
+        if jobs:
+            self.phases.add(STORE_BG, seconds, jobs)
 
     def _others_holding(self) -> list[FrozenTrial]:
         """Other workers' claims in flight, and queued retries of dead workers' candidates
@@ -360,40 +385,63 @@ class _StudyRun:
     # ---------------------------------------------------------------- recording
 
     def _tell(self, trial: Trial, state: str, value: float, violation: float,
-              claim: int | None = None, **attrs: Any) -> int:
-        """Tell the in-memory study and write the finished trial to the storage (completing
-        its claim, if it has one); returns its number there (the number the results database
-        uses too)."""
+              claim: int | None = None, then: Callable[[int], None] | None = None,
+              **attrs: Any) -> Future[int]:
+        """Tell the in-memory study and hand the finished trial to the writer thread, which
+        writes it to the storage (completing its claim, if it has one) and then calls ``then``
+        with its number there (the number the results database uses too)."""
         trial.set_user_attr("state", state)
         trial.set_constraint(CONSTRAINT, violation)
         for attr, attr_value in attrs.items():
             trial.set_user_attr(attr, attr_value)
         with self.phases.timed(TELL):
-            finished = self.study.tell(trial, value)
+            finished = self.study.tell(trial, value)  # a finished trial: never changed again
+        shared = self.shared
+
+        def write() -> int:
+            number = (shared.finish(claim, finished) if claim is not None
+                      else shared.add_finished(finished))
+            if then is not None:
+                then(number)
+            return number
+
         with self.phases.timed(STORE):
-            if claim is not None:
-                return self.shared.finish(claim, finished)
-            return self.shared.add_finished(finished)
+            return self.writer.submit(write)
 
     def _record(self, trial: Trial, config: dict[str, int], measurement: Measurement,
                 started_at: datetime, violation: float = 1.0,
                 claim: int | None = None) -> _Known:
+        """Tell the measurement and queue its writes: the storage's, then the results
+        database's under the storage's number, then the log line (all on the writer thread,
+        in trial order)."""
         fields = _record_fields(measurement)
         usable = measurement.usable
         value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
         violation = 0.0 if usable else violation
         attrs = {"error": fields["error"][:ERROR_ATTR_LIMIT]} if fields["error"] else {}
-        number = self._tell(trial, fields["state"], value, violation, claim, **attrs)
-        with self.phases.timed(STORE):
-            self.session.database.add_trial(
-                self.run_id,
+        database, run_id, baseline = self.session.database, self.run_id, self.baseline_gflops
+
+        def store(number: int) -> None:
+            database.add_trial(
+                run_id,
                 db.TrialRecord(number=number, params=config, started_at=started_at, **fields),
             )
-        return _Known(number, fields["state"], value, violation)
+            if measurement.state == REJECTED:
+                log.debug("trial %d rejected: %s (%s)", number, config_text(config),
+                          measurement.error)
+            else:
+                _log_trial(number, config, measurement, baseline)
+
+        stored = self._tell(trial, fields["state"], value, violation, claim, then=store, **attrs)
+        return _Known(stored, fields["state"], value, violation)
 
     def _tell_duplicate(self, trial: Trial, earlier: _Known) -> None:
+        # Its duplicate_of is the earlier trial's stored number: wait for that write if it is
+        # still queued (rare: a sampler mostly circles back to configs of long ago).
+        with self.phases.timed(STORE):
+            number = earlier.number
         self._tell(trial, earlier.state, earlier.value, earlier.violation,
-                   duplicate_of=earlier.number)
+                   duplicate_of=number)
 
     # ---------------------------------------------------------------- proposals
 
@@ -417,6 +465,7 @@ class _StudyRun:
             if not self._room() or self.study.get_trials(deepcopy=False,
                                                          states=(TrialState.WAITING,)):
                 return  # our own queue (warm start, nudges) first: asks pop it in order
+            self._flush()
             if not self.shared.take_waiting(waiting):
                 continue
             key = self._key_of(waiting)
@@ -456,11 +505,10 @@ class _StudyRun:
             rejected = Measurement(state=REJECTED, error="; ".join(reasons))
             self.known[key] = self._record(trial, config, rejected, datetime.now(timezone.utc),
                                            violation=float(len(reasons)))
-            log.debug("trial %d rejected: %s (%s)", self.known[key].number,
-                      config_text(config), rejected.error)
             return False
         claim = None
         if self.shared.claims:
+            self._flush()  # the claim is written now, before measuring: after queued writes
             claim, _ = self.shared.claim(trial.params, self.distributions)
             self._pull()
             if key in self.known or self.shared.claimed_before(key, claim):
@@ -570,7 +618,6 @@ class _StudyRun:
         self.tally.add(result, item.config)
         self.measured_now += 1
         self.phases.trials += 1
-        _log_trial(result.number, item.config, measurement, self.baseline_gflops)
         return measurement
 
     def _show_best(self, bar: tqdm) -> None:
@@ -589,6 +636,7 @@ class _StudyRun:
             reason = self._search(deadline, bar)
             while self.submitted:  # measured or being measured: record, whatever the reason
                 self._measure_next(submit_more=False)
+            self._flush()  # everything measured is stored (and numbered) before the outcome
         return reason
 
     def _search(self, deadline: float | None, bar: tqdm) -> str:
@@ -648,6 +696,12 @@ class _StudyRun:
             run_state, stop_reason = "interrupted", "interrupted"
             raise
         finally:
+            # whatever stopped the run, what it measured is written before it ends
+            with self.phases.timed(STORE):
+                write_error = self.writer.close()
+            self._count_background()
+            if write_error is not None:
+                run_state, stop_reason = "failed", "error"
             # asked but never recorded (an error or a second Ctrl-C left the evaluator's queue
             # behind: it reads those answers before its next request): not a result, let go
             for item in self._held():
@@ -660,6 +714,8 @@ class _StudyRun:
             self._finish_run(run_state)
             log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
                      self.measured_now, stop_reason)
+        if write_error is not None:  # (flushes raise it first; this is the last resort)
+            raise write_error
         best = self.tally.best
         return StudyOutcome(
             study_name=self.name, run_id=self.run_id, run_state=run_state,
