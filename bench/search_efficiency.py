@@ -107,6 +107,7 @@ class Job:
     seed: int
     max_evals: int
     others: tuple[str, ...] = ()  # recordings whose other problems warm-start a WARM run
+    batch: int = 1  # candidates asked ahead of the results (the live tuner's compile window)
 
 
 class _StopNearOptimum:
@@ -175,7 +176,7 @@ def run_one(job: Job) -> dict[str, Any]:
         database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
         training=training,
         gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-        sampler="default" if warm else job.sampler, seed=job.seed, batch=1, warm_start=warm,
+        sampler="default" if warm else job.sampler, seed=job.seed, batch=job.batch, warm_start=warm,
         progress=False, command="bench/search_efficiency.py", stop=stop,
     )
     started = time.perf_counter()
@@ -199,6 +200,7 @@ def run_one(job: Job) -> dict[str, Any]:
                              f"measured {replay.evaluations} configs")
     return {"recording": Path(job.recording).name, "family": job.family,
             "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
+            "batch": job.batch,
             "evaluations": len(curve), "max_evals": job.max_evals, "asked": len(trials), "seconds": seconds,
             "reached": {f"{t:.0%}": _first_reach(curve, t) for t in THRESHOLDS}}
 
@@ -713,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="Kernel Tuner strategies to add as kt:STRATEGY rows: names, 'all' "
                              "(every strategy Kernel Tuner offers), or 'none'; default: "
                              f"{' '.join(KT_DEFAULT)} when kernel_tuner is importable")
+    parser.add_argument("--batch", type=int, default=1, metavar="N",
+                        help="candidates the search asks ahead of the results, as the live tuner "
+                             "does while compiles run (its window: compile workers + queue depth, "
+                             "16 on the H100 host); default 1")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -758,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs += [Job(path, family, problem, s, seed,
                          cap if s in UNCAPPED or s.startswith(KT)
                          else min(cap, args.reference_max_evals or cap),
-                         tuple(paths))
+                         tuple(paths), args.batch)
                      for s in runs for seed in range(args.seeds)]
     rows_per_pair = len(samplers) + args.warm_start
     print(f"{len(jobs)} runs ({len(caps)} family/shape pairs x {rows_per_pair} samplers x "
@@ -788,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
               for name, why in failed.items()}
     results = [r for r in results
                if (r["recording"], r["family"], r["shape"], r["sampler"]) not in broken_rows]
-    report(results, {"seeds": args.seeds, "samplers": samplers, "skipped_samplers": skipped,
+    report(results, {"seeds": args.seeds, "batch": args.batch, "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
                       "seconds": time.monotonic() - started}, Path(args.out))
