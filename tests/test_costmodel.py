@@ -3,8 +3,6 @@ the search benchmark, examples from a real results database, and a replayed stud
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from tuner.search.learned import (examples_from_database, examples_from_recordin
                                   problem_held_out, unit_held_out)
 from tuner.search.prior import Target
 from tuner.search.study import Budget, Session, run_study
+from bench_support import search_efficiency
 
 pytest.importorskip("sklearn")
 
@@ -79,7 +78,7 @@ def test_the_model_ranks_a_recorded_problem_it_was_fitted_on(recordings):
 
 
 def test_leave_one_out_never_fits_on_the_problem_searched(recordings):
-    bench = _bench_module()
+    bench = search_efficiency()
     path = str(RECORDINGS[0])
     recording = load(path)
     gpu = recording.gpu["name"]
@@ -156,13 +155,6 @@ def test_cli_offers_the_model_sampler(tmp_path):
         make_sampler("model", 0, None)
 
 
-def _bench_module():
-    bench = ROOT / "bench" / "search_efficiency.py"
-    spec = importlib.util.spec_from_file_location("search_efficiency_cm", bench)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_examples_are_capped_keeping_the_family_own_first(recordings):

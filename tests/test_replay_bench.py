@@ -3,26 +3,17 @@ model, full accepted space of naive), checking what it counts and what it writes
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import kernels
 
 from tuner.measure.record import record_with_evaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
+from bench_support import search_efficiency
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_efficiency.py"
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("search_efficiency", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
@@ -32,7 +23,7 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     path = recording.save(tmp_path / "fixture.json.gz")
     space = len(naive.accepted_configs())
     out = tmp_path / "se.json"
-    bench = _bench_module()
+    bench = search_efficiency()
     assert bench.main(["--recording", str(path), "--seeds", "2", "--samplers", "default",
                        "random", "--workers", "1",
                        "--kernel-tuner", "none", "--out", str(out)]) == 0
@@ -72,7 +63,7 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
 
 
 def test_first_reach_and_percentiles():
-    bench = _bench_module()
+    bench = search_efficiency()
     assert bench._first_reach([0.5, 0.96, 0.99, 1.0], 0.05) == 2
     assert bench._first_reach([0.5, 0.96, 0.99, 1.0], 0.01) == 3
     assert bench._first_reach([0.5, 0.9], 0.01) is None
@@ -86,7 +77,7 @@ def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
     problems = [Problem(512, 512, 512), Problem(256, 256, 1024)]
     recording = record_with_evaluator(StandInEvaluator(), [naive], problems, max_configs=1000)
     path = str(recording.save(tmp_path / "fixture.json.gz"))
-    bench = _bench_module()
+    bench = search_efficiency()
 
     # leave-one-out: the database of a warm run holds the other problem's optimum, not its own
     bench._worker_state(path)

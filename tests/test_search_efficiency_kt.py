@@ -5,10 +5,8 @@ compile error, searched by Kernel Tuner itself (no mock) in simulation mode."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import kernels
@@ -17,22 +15,16 @@ import pytest
 from tuner.measure.recording import (FamilyHeader, ProblemRecording, RecordedResult, Recording,
                                      Selection, load)
 from tuner.problem import Problem
+from bench_support import search_efficiency
 
 kernel_tuner = pytest.importorskip("kernel_tuner")
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench" / "search_efficiency.py"
 SOURCE = ROOT / "tests" / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
 FAMILY, PROBLEM = "vectorized", Problem(1024, 1024, 1024)
 NARROW = {"BM": (64, 128), "BN": (64, 128)}
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("search_efficiency", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def _slice(recording: Recording) -> Recording:
@@ -67,7 +59,7 @@ def _keys(recording: Recording) -> dict[str, RecordedResult]:
 def test_the_restriction_admits_exactly_the_recorded_configs(tiny):
     from kernel_tuner.searchspace import Searchspace
 
-    bench = _bench_module()
+    bench = search_efficiency()
     _, recording = tiny
     header = recording.families[FAMILY]
     recorded = _keys(recording)
@@ -86,7 +78,7 @@ def test_the_restriction_admits_exactly_the_recorded_configs(tiny):
 
 @pytest.mark.parametrize("strategy", ["brute_force", "random_sample", "genetic_algorithm"])
 def test_each_run_counts_recorded_configs_once_in_the_order_served(tiny, strategy):
-    bench = _bench_module()
+    bench = search_efficiency()
     path, recording = tiny
     recorded = _keys(recording)
     broken = next(k for k, r in recorded.items() if r.state == "compile_error")
@@ -112,7 +104,7 @@ def test_each_run_counts_recorded_configs_once_in_the_order_served(tiny, strateg
 
 
 def test_rows_and_best_strategy_in_the_table_and_json(tiny, tmp_path, capsys):
-    bench = _bench_module()
+    bench = search_efficiency()
     path, recording = tiny
     out = tmp_path / "kt.json"
     assert bench.main(["--recording", path, "--samplers", "random", "--kernel-tuner",
@@ -142,7 +134,7 @@ def test_rows_and_best_strategy_in_the_table_and_json(tiny, tmp_path, capsys):
 
 
 def test_none_runs_no_kernel_tuner_rows(tiny, tmp_path):
-    bench = _bench_module()
+    bench = search_efficiency()
     path, _ = tiny
     out = tmp_path / "none.json"
     assert bench.main(["--recording", path, "--samplers", "random", "--kernel-tuner", "none",
