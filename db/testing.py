@@ -7,6 +7,7 @@ GEMMTUNE_TEST_PG_URL (exported by .ci/postgres.sh) is unset.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,5 +45,30 @@ def scratch_url(backend: str, folder: Path) -> Iterator[str]:
     try:
         yield admin_url.set(database=name).render_as_string(hide_password=False)
     finally:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _drop(conninfo, name)
+
+
+def _drop(conninfo: str, name: str, timeout_s: float = 30.0) -> None:
+    """Drop a scratch database that leftover sessions may still hold.
+
+    Not `WITH (FORCE)`: for a role without superuser it fails when an autovacuum worker happens
+    to be in the database ("must be a member of the role whose process is being terminated").
+    So end this role's own sessions, then a plain DROP, which asks autovacuum to leave; retry
+    while terminated sessions are still on their way out.
+    """
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while True:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid() AND usename = current_user",
+                (name,))
+            try:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                return
+            except psycopg.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect, text
 import db
 from db.models import Base
 from db.schema import VERSION_TABLE, head_revision, is_ours
-from db.testing import BACKENDS, PG_MISSING, postgres_available, scratch_url
+from db.testing import BACKENDS, PG_MISSING, PG_URL_ENV, postgres_available, scratch_url
 
 GPU = db.GpuInfo("NVIDIA H100", "GPU-1", "9.0", 132, 80 * 2**30)
 
@@ -202,3 +202,22 @@ def test_an_unreachable_database_is_a_storage_error_naming_it(tmp_path: Path) ->
     folder.mkdir()
     with pytest.raises(db.StorageError, match="a-folder.sqlite"):
         db.open_database(f"sqlite:///{folder}")
+
+
+@pytest.mark.postgres
+def test_a_scratch_database_still_held_by_sessions_is_dropped(tmp_path: Path) -> None:
+    # The teardown must not need superuser rights (CI's role has none) nor fail on open sessions.
+    if not postgres_available():
+        pytest.skip(PG_MISSING)
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    with scratch_url("postgresql", tmp_path) as scratch:
+        url = make_url(scratch)
+        held = psycopg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False))
+        held.execute("SELECT 1")
+    with psycopg.connect(os.environ[PG_URL_ENV]) as admin:
+        left = admin.execute("SELECT count(*) FROM pg_database WHERE datname = %s",
+                             (url.database,)).fetchone()
+    held.close()
+    assert left == (0,)
