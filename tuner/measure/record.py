@@ -15,7 +15,8 @@ needs: then its recorded optimum is the optimum of the space the search sees.
 
 Plan the size: about 0.1-0.3 s per config and shape on an H100 (verification included), so
 2 families x 3 shapes x 400 configs take about 5-8 minutes; ``--time-limit`` stops measuring
-early and writes what was measured (the note in the file says so).
+early and writes what was measured (the note in the file says so), and ``--resume FILE`` with
+the same command measures only what that file lacks (the note says which parts came later).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from tuner.measure.recording import (
     ProblemRecording,
     RecordedResult,
     Recording,
+    RecordingError,
     Selection,
 )
+from tuner.measure.recording import load as load_recording
 
 
 # ------------------------------------------------------------------ choosing the configs
@@ -91,36 +94,74 @@ def choose_configs(family: Any, grid: dict[str, tuple[int, ...]], max_configs: i
     return header, chosen
 
 
+# ------------------------------------------------------------------ resuming
+
+
+class ResumeError(ValueError):
+    """A --resume file that another command or another GPU model made."""
+
+
+def start_recording(resume: Recording | None, info: dict[str, Any], arch: str,
+                    headers: Sequence[FamilyHeader]) -> Recording:
+    """A new recording, or ``resume`` when it was made by the same command on the same GPU
+    model (same families, grids, selections and kernel sources); ResumeError names what differs."""
+    if resume is None:
+        return Recording(gpu=info, arch=arch, nvrtc_version=info.get("nvrtc_version"),
+                         families={h.name: h for h in headers}, problems=[],
+                         created_at=datetime.now(timezone.utc))
+    problems = []
+    if resume.arch != arch or resume.gpu.get("name") != info.get("name"):
+        problems.append(f"it was recorded on {resume.gpu.get('name')} ({resume.arch}), this is "
+                        f"{info.get('name')} ({arch})")
+    ours = {h.name: h for h in headers}
+    if set(resume.families) != set(ours):
+        problems.append(f"it holds families {sorted(resume.families)}, this command sweeps "
+                        f"{sorted(ours)}")
+    for name in set(resume.families) & set(ours):
+        if resume.families[name] != ours[name]:
+            problems.append(f"{name}'s grid, selection or kernel source differ from this "
+                            "command's")
+    if problems:
+        raise ResumeError("cannot resume that recording: " + "; ".join(problems))
+    return resume
+
+
+def left_to_measure(recording: Recording, family: str, problem: Problem,
+                    configs: Sequence[dict[str, int]]) -> list[dict[str, int]]:
+    """The configs with no result yet for (family, problem), in the given order."""
+    return [c for c in configs if recording.result(family, problem, c) is None]
+
+
 # ------------------------------------------------------------------ any evaluator (tests)
 
 
 def record_with_evaluator(evaluator: Evaluator, families: Sequence[Any],
                           problems: Sequence[Problem], *, max_configs: int, seed: int = 0,
                           grid: dict[str, dict[str, tuple[int, ...]]] | None = None,
-                          note: str = "") -> Recording:
+                          note: str = "", resume: Recording | None = None) -> Recording:
     """A recording made through the Evaluator interface (e.g. the CPU stand-in in tests). The
     GPU sweep below measures in-process instead, as the task of a recording host is speed."""
     arch = evaluator.arch()
-    info = evaluator.info()
-    recording = Recording(gpu=info, arch=arch, nvrtc_version=info.get("nvrtc_version"),
-                          families={}, problems=[], note=note)
-    chosen: dict[str, list[dict[str, int]]] = {}
-    for family in families:
-        header, configs = choose_configs(family, (grid or {}).get(family.name, {}),
-                                         max_configs, seed, arch)
-        recording.families[family.name] = header
-        chosen[family.name] = configs
+    chosen = {f.name: choose_configs(f, (grid or {}).get(f.name, {}), max_configs, seed, arch)
+              for f in families}
+    recording = start_recording(resume, evaluator.info(), arch, [h for h, _ in chosen.values()])
+    recording.note = note or recording.note
     for problem in problems:
+        todo = {f.name: left_to_measure(recording, f.name, problem, chosen[f.name][1])
+                for f in families}
+        if not any(todo.values()):
+            continue
         evaluator.set_problem(problem)
-        try:
-            b = evaluator.baseline()
-            baseline = {"library": b.library, "time_median_ms": b.time_median_ms,
-                        "gflops": b.gflops, "sm_clock_mhz": b.sm_clock_mhz}
-        except RuntimeError:
-            baseline = None
-        recording.problems.append(ProblemRecording(problem, baseline))
+        if recording.problem(problem) is None:  # a resumed problem keeps its first baseline
+            try:
+                b = evaluator.baseline()
+                baseline = {"library": b.library, "time_median_ms": b.time_median_ms,
+                            "gflops": b.gflops, "sm_clock_mhz": b.sm_clock_mhz}
+            except RuntimeError:
+                baseline = None
+            recording.problems.append(ProblemRecording(problem, baseline))
         for family in families:
-            for config in chosen[family.name]:
+            for config in todo[family.name]:
                 m = evaluator.evaluate(family, config, problem)
                 recording.add(family.name, problem, config,
                               RecordedResult.from_mapping(m.fields()))
@@ -151,7 +192,7 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
               seed: int, grid: dict[str, dict[str, tuple[int, ...]]], device: int = 0,
               workers: int | None = None, cache_dir: str | None = None,
               time_limit_s: float | None = None, progress: bool = True,
-              command: str = "") -> Recording:
+              command: str = "", resume: Recording | None = None) -> Recording:
     from tqdm import tqdm
 
     from tuner.measure.gpu import GpuBench, GpuFault
@@ -160,26 +201,40 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
     started = time.monotonic()
     bench = GpuBench(device)
     arch, info = bench.arch(), bench.info()
-    recording = Recording(gpu=info, arch=arch, nvrtc_version=info.get("nvrtc_version"),
-                          families={}, problems=[], created_at=datetime.now(timezone.utc))
-    jobs: list[tuple[Any, dict[str, int], Any]] = []
+    chosen = {f.name: choose_configs(f, grid.get(f.name, {}), max_configs, seed, arch)
+              for f in families}
+    recording = start_recording(resume, info, arch, [h for h, _ in chosen.values()])
+    earlier = recording.note
+    # (family, config) left per problem; configs a resumed file has on every problem are not
+    # even compiled
+    todo = {p: [(f, c) for f in families
+                for c in left_to_measure(recording, f.name, p, chosen[f.name][1])]
+            for p in problems}
     pool = CompilePool(arch, cache_dir, workers or default_workers())
     try:
+        futures: dict[tuple[str, tuple[tuple[str, int], ...]], Any] = {}
         for family in families:
-            header, configs = choose_configs(family, grid.get(family.name, {}), max_configs,
-                                             seed, arch)
-            recording.families[family.name] = header
-            print(f"{family.name}: {header.selection.text}", file=sys.stderr)
-            jobs += [(family, config, pool.submit(family, config)) for config in configs]
+            print(f"{family.name}: {chosen[family.name][0].selection.text}", file=sys.stderr)
+        for pairs in todo.values():
+            for family, config in pairs:
+                key = (family.name, tuple(config.items()))
+                if key not in futures:
+                    futures[key] = pool.submit(family, config)
 
-        total, done, crashes, stopped = len(jobs) * len(problems), 0, 0, None
+        total, done, crashes, stopped = sum(map(len, todo.values())), 0, 0, None
         bar = tqdm(total=total, unit="config", disable=not progress, dynamic_ncols=True)
         for problem in problems:
+            if not todo[problem]:
+                continue
             bench.set_problem(problem.m, problem.n, problem.k)
-            base = bench.baseline()
-            recording.problems.append(ProblemRecording(problem, base))
-            bar.set_description(f"{problem.shape} (cuBLAS {base['gflops']:,.0f} GFLOP/s)")
-            for family, config, future in jobs:
+            entry = recording.problem(problem)
+            if entry is None:  # a resumed problem keeps its first baseline
+                entry = ProblemRecording(problem, bench.baseline())
+                recording.problems.append(entry)
+            gflops = (entry.baseline or {}).get("gflops") or 0
+            bar.set_description(f"{problem.shape} (cuBLAS {gflops:,.0f} GFLOP/s)")
+            for family, config in todo[problem]:
+                future = futures[(family.name, tuple(config.items()))]
                 if time_limit_s is not None and time.monotonic() - started > time_limit_s:
                     stopped = f"stopped at the time limit ({time_limit_s:g} s)"
                     break
@@ -204,6 +259,8 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
         f"measurements in {elapsed:.0f} s, {crashes} crash(es)"
         + (f"; {stopped}, so later configs are absent" if stopped else "")
         + (f"; command: {command}" if command else "")
+        + (f" || resumed a recording made earlier (baselines from then): {earlier}"
+           if resume is not None else "")
     )
     return recording
 
@@ -239,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", default=None, metavar="DIR", help="CUBIN cache folder")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="stop measuring after this long and write what was measured")
+    parser.add_argument("--resume", metavar="FILE",
+                        help="a recording this same command left unfinished (e.g. at "
+                             "--time-limit): measure only what it lacks and write the whole to "
+                             "--out (may be the same file)")
     parser.add_argument("--plan", action="store_true",
                         help="print how many configs each family would get, then stop "
                              "(no GPU needed)")
@@ -267,10 +328,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("--out FILE is required (except with --plan)")
+    resume = None
+    if args.resume:
+        try:
+            resume = load_recording(args.resume)
+        except (OSError, RecordingError) as error:
+            parser.error(f"--resume {args.resume}: {error}")
     command = " ".join(["python -m tuner.record", *(argv if argv is not None else sys.argv[1:])])
-    recording = sweep_gpu(families, problems, max_configs=args.max_configs, seed=args.seed,
-                          grid=grid, device=args.gpu, workers=args.workers,
-                          cache_dir=args.cache, time_limit_s=args.time_limit, command=command)
+    try:
+        recording = sweep_gpu(families, problems, max_configs=args.max_configs, seed=args.seed,
+                              grid=grid, device=args.gpu, workers=args.workers,
+                              cache_dir=args.cache, time_limit_s=args.time_limit,
+                              command=command, resume=resume)
+    except ResumeError as error:
+        parser.error(f"--resume {args.resume}: {error}")
     path = recording.save(args.out)
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB): {recording.note}")
     for name, problem in recording.pairs():
