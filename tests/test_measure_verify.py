@@ -1,4 +1,4 @@
-"""Verification on the GPU (tuner/measure/verify.py).
+"""Verification on the GPU (tuner/measure/verify.py) and timing without a host wait per launch.
 
 CPU (CI): the reduction compiles with NVRTC, and its sums combine into exactly
 ``kernels.reference.relative_error``. GPU (marker ``gpu``, skipped without one): the device's
@@ -9,6 +9,7 @@ Run on the GPU host: python -m pytest -m gpu tests/test_measure_verify.py
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import numpy as np
@@ -216,3 +217,46 @@ def test_evaluate_answers_wrong_result_for_wrong_kernels(bench):
     assert correct["state"] == "ok" and correct["rel_error"] <= tolerance(k), correct
     assert correct["phases"]["verify"] > 0 and correct["launches"] >= 15
 
+
+def _old_timing(bench, run, reps: int) -> list[float]:
+    """The timing before issue 19: the host waits for every launch's stop event."""
+    from cuda.bindings import driver
+
+    from kernels.runtime import check
+
+    start, stop = bench.events[0]
+    times = []
+    for i in range(reps):
+        check(driver.cuEventRecord(start, bench.stream), "cuEventRecord")
+        run(bench.sets[i % len(bench.sets)])
+        check(driver.cuEventRecord(stop, bench.stream), "cuEventRecord")
+        check(driver.cuEventSynchronize(stop), "cuEventSynchronize")
+        times.append(float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime")))
+    return times
+
+
+@pytest.mark.gpu
+def test_back_to_back_timing_agrees_with_waiting_per_launch(bench, family_kernels):
+    # big enough that a launch's host overhead (which the old path could time) is noise
+    m = n = k = 2048
+    bench.set_problem(m, n, k, seed=10)
+    name, config, cubin = family_kernels[0]
+    loaded = _load_family(bench, name, config, cubin)
+    try:
+        def run(s):
+            loaded.run(1.0, 0.0, s)
+
+        old, new = [], []
+        for _ in range(2):  # interleaved, so clock drift hits both alike
+            timing = bench._time(run)
+            assert len(timing.warm_ms) == 3 and len(timing.times_ms) == timing.summary(1)["launches"]
+            new += timing.times_ms
+            old += _old_timing(bench, run, len(timing.times_ms))
+        assert statistics.median(new) == pytest.approx(statistics.median(old), rel=0.10)
+    finally:
+        loaded.close()
+
+    cublas_new = bench.baseline()["time_median_ms"]
+    cublas_old = statistics.median(_old_timing(
+        bench, lambda s: bench.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr), 100))
+    assert cublas_new == pytest.approx(cublas_old, rel=0.10)

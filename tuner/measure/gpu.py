@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -176,7 +176,9 @@ class GpuBench:
         self.device = device
         use_device(device)
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
-        self.start, self.stop = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+        # one (start, stop) pair per launch of a timing round: no launch waits for the host
+        self.events = [tuple(check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+                       for _ in range(MAX_REPS)]
         self.clock = SmClock(device)
         self.cublas = Cublas(int(self.stream))
         self.verifier = DeviceCheck(self.arch())
@@ -279,21 +281,26 @@ class GpuBench:
             raise
 
     # ---- timing -----------------------------------------------------------------------------
-    def _time(self, run) -> Timing:
+    def _time(self, run: Callable[[tuple[DeviceBuffer, ...]], None]) -> Timing:
         """Median-ready per-launch times with CUDA events; input sets rotate between launches."""
+        warm = self._timed(run, 3)  # waited for: they decide how many launches to time
+        reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
+        times = self._timed(run, reps)
+        return Timing(times, self.clock.mhz(), warm)
+
+    def _timed(self, run: Callable[[tuple[DeviceBuffer, ...]], None], count: int) -> list[float]:
+        """``count`` launches queued back to back, each alone between its own pair of events,
+        then one wait: the host's round trip no longer separates the launches."""
         from cuda.bindings import driver
 
-        def timed(i: int) -> float:
-            check(driver.cuEventRecord(self.start, self.stream), "cuEventRecord")
+        pairs = self.events[:count]
+        for i, (start, stop) in enumerate(pairs):
+            check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
             run(self.sets[i % len(self.sets)])
-            check(driver.cuEventRecord(self.stop, self.stream), "cuEventRecord")
-            check(driver.cuEventSynchronize(self.stop), "cuEventSynchronize")
-            return float(check(driver.cuEventElapsedTime(self.start, self.stop), "cuEventElapsedTime"))
-
-        warm = [timed(i) for i in range(3)]
-        reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
-        times = [timed(i) for i in range(reps)]
-        return Timing(times, self.clock.mhz(), warm)
+            check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
+        check(driver.cuEventSynchronize(pairs[-1][1]), "cuEventSynchronize")
+        return [float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
+                for start, stop in pairs]
 
     def baseline(self) -> dict:
         m, n, k = self._need_problem()
