@@ -86,7 +86,8 @@ def relative_from_sums(diff2: float, ref2: float, nonfinite: float) -> float:
 
 
 class DeviceCheck:
-    """The loaded reduction and its 3-double result buffer, in the current context."""
+    """The loaded reduction and its 3-double result buffer, in the current context, for the
+    process's life (as GpuBench's stream and events)."""
 
     def __init__(self, arch: str):
         from cuda.bindings import driver
@@ -118,10 +119,3 @@ class DeviceCheck:
         check(driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
         return relative_from_sums(*map(float, self.host))
 
-    def free(self) -> None:
-        from cuda.bindings import driver
-
-        if self.module is not None:
-            driver.cuMemFree(self.sums)
-            driver.cuModuleUnload(self.module)
-            self.module = None
