@@ -1,7 +1,8 @@
 """In-process GPU measurement: verify a CUBIN against a float64 reference, then time it.
 
 Runs inside the tuner's GPU child process. Family-agnostic: the parent ships a CUBIN and the
-launch list; everything here is driver API calls, cuBLAS (through ctypes) and NumPy.
+launch list; everything here is driver API calls, cuBLAS (through ctypes), NumPy and the
+verification's reduction kernel (tuner/measure/verify.py), so the comparison runs on the GPU.
 """
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from kernels import Launch, nvrtc_version
-from kernels.reference import relative_error, tolerance
+from kernels.reference import tolerance
 from kernels.runtime import CudaError, LoadedKernel, check, device_arch, use_device
+from tuner.measure.verify import NAN_BITS, DeviceCheck
 
 L2_FLUSH_FACTOR = 3          # rotate through enough input sets to cover 3x the L2
 MAX_INPUT_SETS = 16
@@ -174,11 +176,16 @@ class GpuBench:
         self.device = device
         use_device(device)
         self.stream = check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
-        self.start, self.stop = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+        # one (start, stop) pair per launch of a timing round: no launch waits for the host
+        self.events = [tuple(check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+                       for _ in range(MAX_REPS)]
         self.clock = SmClock(device)
         self.cublas = Cublas(int(self.stream))
-        self.buffers: list[DeviceBuffer] = []
+        self.verifier = DeviceCheck(self.arch())
         self.sets: list[tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = []
+        # set 0's float64 A*B and C0, resident for the problem: verification reads them on the GPU
+        self.ref: DeviceBuffer | None = None
+        self.c0: DeviceBuffer | None = None
         self.problem: tuple[int, int, int] | None = None
 
     # ---- identity ---------------------------------------------------------------------------
@@ -225,38 +232,43 @@ class GpuBench:
         rng = np.random.default_rng(seed)
         set_bytes = 4 * (m * k + k * n + m * n)
         count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_FACTOR * self.l2_bytes() / set_bytes)))
-        self.host_a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-        self.host_b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-        self.host_c0 = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+        host_a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        host_b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        self.c0 = DeviceBuffer(4 * m * n)
+        self.c0.upload(rng.uniform(-1, 1, (m, n)).astype(np.float32))
         for i in range(count):
             a, b, c = DeviceBuffer(4 * m * k), DeviceBuffer(4 * k * n), DeviceBuffer(4 * m * n)
             if i == 0:
-                a.upload(self.host_a)
-                b.upload(self.host_b)
+                a.upload(host_a)
+                b.upload(host_b)
             else:
                 a.upload(rng.uniform(-1, 1, (m, k)).astype(np.float32))
                 b.upload(rng.uniform(-1, 1, (k, n)).astype(np.float32))
             self.sets.append((a, b, c))
-        self.ref_ab = self._reference(m, n, k)
+        self.ref = self._reference(m, n, k, host_a, host_b)
         self.problem = (m, n, k)
 
-    def _reference(self, m: int, n: int, k: int) -> np.ndarray:
+    def _reference(self, m: int, n: int, k: int, host_a: np.ndarray, host_b: np.ndarray) -> DeviceBuffer:
+        """float64 A*B on the device (kept there: verification reads it on every candidate)."""
         a64, b64, c64 = DeviceBuffer(8 * m * k), DeviceBuffer(8 * k * n), DeviceBuffer(8 * m * n)
         try:
-            a64.upload(self.host_a.astype(np.float64))
-            b64.upload(self.host_b.astype(np.float64))
+            a64.upload(host_a.astype(np.float64))
+            b64.upload(host_b.astype(np.float64))
             self.cublas.gemm(m, n, k, 1.0, a64.ptr, b64.ptr, 0.0, c64.ptr, double=True)
             self._sync()
-            return c64.download(np.empty((m, n), np.float64))
+            return c64
+        except BaseException:
+            c64.free()
+            raise
         finally:
-            for buf in (a64, b64, c64):
-                buf.free()
+            a64.free()
+            b64.free()
 
     def _free(self) -> None:
-        for s in self.sets:
-            for buf in s:
+        for buf in [b for s in self.sets for b in s] + [self.ref, self.c0]:
+            if buf is not None:
                 buf.free()
-        self.sets = []
+        self.sets, self.ref, self.c0 = [], None, None
 
     def _sync(self) -> None:
         from cuda.bindings import driver
@@ -269,21 +281,26 @@ class GpuBench:
             raise
 
     # ---- timing -----------------------------------------------------------------------------
-    def _time(self, run) -> Timing:
+    def _time(self, run: Callable[[tuple[DeviceBuffer, ...]], None]) -> Timing:
         """Median-ready per-launch times with CUDA events; input sets rotate between launches."""
+        warm = self._timed(run, 3)  # waited for: they decide how many launches to time
+        reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
+        times = self._timed(run, reps)
+        return Timing(times, self.clock.mhz(), warm)
+
+    def _timed(self, run: Callable[[tuple[DeviceBuffer, ...]], None], count: int) -> list[float]:
+        """``count`` launches queued back to back, each alone between its own pair of events,
+        then one wait: the host's round trip no longer separates the launches."""
         from cuda.bindings import driver
 
-        def timed(i: int) -> float:
-            check(driver.cuEventRecord(self.start, self.stream), "cuEventRecord")
+        pairs = self.events[:count]
+        for i, (start, stop) in enumerate(pairs):
+            check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
             run(self.sets[i % len(self.sets)])
-            check(driver.cuEventRecord(self.stop, self.stream), "cuEventRecord")
-            check(driver.cuEventSynchronize(self.stop), "cuEventSynchronize")
-            return float(check(driver.cuEventElapsedTime(self.start, self.stop), "cuEventElapsedTime"))
-
-        warm = [timed(i) for i in range(3)]
-        reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
-        times = [timed(i) for i in range(reps)]
-        return Timing(times, self.clock.mhz(), warm)
+            check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
+        check(driver.cuEventSynchronize(pairs[-1][1]), "cuEventSynchronize")
+        return [float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
+                for start, stop in pairs]
 
     def baseline(self) -> dict:
         m, n, k = self._need_problem()
@@ -311,18 +328,12 @@ class GpuBench:
             worst = 0.0
             a, b, c = self.sets[0]
             for alpha, beta in VERIFY_ALPHA_BETA:
-                if beta == 0.0:
-                    c.upload(np.full((m, n), np.nan, np.float32))  # poison: unwritten or read C shows
-                    expect = alpha * self.ref_ab
-                else:
-                    c.upload(self.host_c0)
-                    expect = alpha * self.ref_ab + beta * self.host_c0.astype(np.float64)
+                self._reset_c(beta)
                 try:
                     kernel.launch(m, n, k, alpha, a.ptr, k, b.ptr, n, beta, c.ptr, n, ws, self.stream)
                 except CudaError as e:
                     return self._launch_error(result, e)
-                self._sync()
-                worst = max(worst, relative_error(c.download(np.empty((m, n), np.float32)), expect))
+                worst = max(worst, self._device_error(alpha, beta))
             result["rel_error"] = worst
             phases["verify"], mark = time.perf_counter() - mark, time.perf_counter()
             if not worst <= tolerance(k):
@@ -348,6 +359,27 @@ class GpuBench:
                 workspace.free()
             if kernel:
                 kernel.unload()
+
+    # ---- verification (on the device: the GPU does not wait on a host comparison) -----------
+    def _reset_c(self, beta: float) -> None:
+        """Set 0's C before a verification launch: NaN for beta = 0 (so an unwritten or a read C
+        shows), else C0."""
+        from cuda.bindings import driver
+
+        m, n, _ = self._need_problem()
+        c = self.sets[0][2]
+        if beta == 0.0:
+            check(driver.cuMemsetD32Async(c.ptr, NAN_BITS, m * n, self.stream), "cuMemsetD32Async(poison)")
+        else:
+            assert self.c0 is not None
+            check(driver.cuMemcpyDtoDAsync(c.ptr, self.c0.ptr, 4 * m * n, self.stream), "cuMemcpyDtoDAsync(C0)")
+
+    def _device_error(self, alpha: float, beta: float) -> float:
+        """relative_error(set 0's C, alpha*A*B + beta*C0) once the launches queued before it ran."""
+        m, n, _ = self._need_problem()
+        assert self.ref is not None and self.c0 is not None  # set with the problem
+        return self.verifier.relative_error(self.sets[0][2].ptr, self.ref.ptr, self.c0.ptr, alpha, beta,
+                                            m * n, self.stream)
 
     def _launch_error(self, result: dict, e: CudaError) -> dict:
         if e.sticky:
