@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from . import routes_api, routes_jobs, routes_pages
 from .assets import install_assets
-from .bestcache import BestCache
+from .bestcache import BestCache, BestResponses
 from .errors import install_error_handlers
 from .jobs import JobQueue
 from .reads import Reads
@@ -55,6 +55,7 @@ def create_app(database: db.Database | str | None = None, *, api_token: str | No
     app.include_router(routes_jobs.router)
     app.include_router(routes_pages.router)
     app.include_router(routes_jobs.pages)
+    app.add_middleware(BestResponses, cache=app.state.best_cache)
     return app
 
 

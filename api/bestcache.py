@@ -122,3 +122,68 @@ class BestCache:
             return self.snapshot
         finally:
             self._lock.release()
+
+
+RESPONSES_MAX = 10_000  # distinct query strings remembered per snapshot
+_BEST_PATH = "/api/best"
+FROM_SNAPSHOT = "gemmtune.from_snapshot"  # scope key: the route answered from the snapshot alone
+
+
+class BestResponses:
+    """ASGI middleware: GET /api/best answered with the bytes the route gave for the same query
+    string, while the snapshot they came from is still current and not due for a check. Only
+    answers the route gave from the snapshot alone are kept (it marks them in the scope): one
+    that needed the database (a GPU registered since, a fallback_gpu) is asked again each time.
+
+    What a request cost after the snapshot (bench/NOTES.md, issue 16) was mostly FastAPI's
+    parameter validation and the response model's serialisation (the lookup: ~23 µs); a repeat
+    of a query needs neither. Only 200 answers are kept. Requests that may write or must be
+    authorised (tune=…, an Authorization header) always reach the route; so does the first
+    request after `refresh_s`, which lets the route check the database for new results.
+    """
+
+    def __init__(self, app, cache: BestCache) -> None:
+        self.app = app
+        self.cache = cache
+        self._snapshot: Snapshot | None = None
+        self._kept: dict[bytes, tuple[dict, bytes]] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != _BEST_PATH or scope["method"] != "GET":
+            await self.app(scope, receive, send)
+            return
+        query: bytes = scope.get("query_string", b"")
+        cache = self.cache
+        snap = cache.snapshot
+        cacheable = (b"tune" not in query
+                     and not any(name == b"authorization" for name, _ in scope["headers"]))
+        if cacheable and snap is not None and snap is self._snapshot and not cache.due():
+            kept = self._kept.get(query)
+            if kept is not None:
+                await send(kept[0])
+                await send({"type": "http.response.body", "body": kept[1]})
+                return
+        if not cacheable:
+            await self.app(scope, receive, send)
+            return
+        start: dict = {}
+        body: list[bytes] = []
+
+        async def capture(message) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+            await send(message)
+
+        await self.app(scope, receive, capture)
+        after = cache.snapshot
+        # kept only when the snapshot did not change while the route answered (it may have
+        # answered from either one)
+        if (start.get("status") == 200 and scope.get(FROM_SNAPSHOT) and snap is not None
+                and after is snap):
+            if after is not self._snapshot:
+                self._snapshot, self._kept = after, {}
+            if len(self._kept) >= RESPONSES_MAX:
+                self._kept.clear()
+            self._kept[query] = (start, b"".join(body))

@@ -19,6 +19,7 @@ from gemmtune.pack import build_pack
 
 from . import schemas as s
 from .auth import require_write_token
+from .bestcache import FROM_SNAPSHOT
 from .reads import MAX_DIM, PAGE_MAX, Reads
 
 # Enums (rather than plain strings) so the OpenAPI schema lists the allowed values and a bad one
@@ -128,6 +129,8 @@ async def best(
     found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes)
     if found is None:
         found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes)
+    elif fallback_gpu is None:
+        request.scope[FROM_SNAPSHOT] = True  # the same query may be answered with these bytes (BestResponses)
     if gpu is not asked:
         found.requested_gpu = asked
         if found.match != "none":

@@ -91,6 +91,32 @@ def test_new_trials_show_up_after_the_refresh_interval(url, tmp_path):
         assert app.state.best_cache.reloads == reloads == 2
 
 
+def test_a_repeated_query_is_answered_with_the_routes_bytes_without_reaching_it(url, tmp_path):
+    copy = tmp_path / "copy.sqlite"
+    fill(f"sqlite:///{copy}", [Row("naive", (512, 512, 512), 100.0), Row("smem", (256, 256, 256), 50.0)])
+    app = create_app(f"sqlite:///{copy}", api_token="", best_refresh_s=60)
+    q = {"gpu": H100, "m": 512, "n": 512, "k": 512}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        client.get("/api/best", params={**q, "m": 8})  # loads the snapshot
+        first = client.get("/api/best", params=q)
+        assert first.status_code == 200
+
+        def reached(*args, **kwargs):
+            raise AssertionError("the route was reached")
+
+        app.state.reads.best_from = reached
+        again = client.get("/api/best", params=q)
+        assert again.status_code == 200 and again.content == first.content
+        assert again.headers["content-type"] == first.headers["content-type"]
+        # a new query, a write (tune) and an authorised request all reach the route
+        assert client.get("/api/best", params={**q, "m": 256}).status_code == 500
+        assert client.get("/api/best", params={**q, "tune": "true"}).status_code == 403
+        assert client.get("/api/best", params=q, headers={"Authorization": "Bearer x"}).status_code == 500
+        # an error is never kept
+        assert client.get("/api/best", params={**q, "m": 0}).status_code == 422
+        assert client.get("/api/best", params={**q, "m": 0}).status_code == 422
+
+
 @pytest.fixture(scope="module")
 def client(database):
     with TestClient(create_app(database, api_token=""), raise_server_exceptions=False) as c:
