@@ -33,6 +33,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.samplers._tpe import _truncnorm
+from optuna.samplers._tpe.probability_distributions import (
+    _BatchedDiscreteTruncNormDistributions, _log_gauss_mass_unique, _unique_inverse_2d)
 from optuna.samplers._tpe.sampler import _split_trials, default_gamma
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -132,19 +135,48 @@ class _Table:
     names: tuple[str, ...]
     values: np.ndarray
     rows: dict[tuple[tuple[str, int], ...], int]
+    # per column: its distinct values, and each row's index among them
+    columns: tuple[tuple[np.ndarray, np.ndarray], ...]
 
     @classmethod
     def build(cls, configs: Sequence[Params], names: Sequence[str]) -> _Table:
         values = np.array([[float(p[n]) for n in names] for p in configs],
                           dtype=np.float64).reshape(len(configs), len(names))
         rows = {_key({n: p[n] for n in names}): row for row, p in enumerate(configs)}
-        return cls(tuple(names), values, rows)
+        columns = tuple(np.unique(values[:, j], return_inverse=True) for j in range(len(names)))
+        return cls(tuple(names), values, rows, columns)
 
     def unseen(self, seen: set[tuple[tuple[str, int], ...]]) -> np.ndarray:
         """Rows of the configs whose keys are not in ``seen``, in order."""
         mask = np.ones(len(self.values), dtype=bool)
         mask[[row for key in seen if (row := self.rows.get(key)) is not None]] = False
         return np.flatnonzero(mask)
+
+    def log_pdf(self, estimator: Any, rows: np.ndarray) -> np.ndarray:
+        """``estimator.log_pdf`` at ``rows`` (an Optuna ``_ParzenEstimator`` over the table's
+        names, integer positions: discrete truncated normals), bit for bit: the same operations
+        on each element in the same order (Optuna's ``_MixtureOfProductDistribution.log_pdf``),
+        but each column's distinct values come from the table instead of an ``np.unique``
+        over 10⁴-10⁵ candidates per call, and each column's mass per (value, kernel) is
+        gathered by row. Other distributions: Optuna's own."""
+        mixture = estimator._mixture_distribution
+        if any(type(d) is not _BatchedDiscreteTruncNormDistributions
+               for d in mixture.distributions):
+            return estimator.log_pdf({n: self.values[rows, j] for j, n in enumerate(self.names)})
+        weighted = np.zeros((len(rows), len(mixture.weights)), dtype=np.float64)
+        for (distinct, inverse), d in zip(self.columns, mixture.distributions):
+            mu, sigma, kernel = _unique_inverse_2d(d.mu, d.sigma)
+            left, right = distinct - d.step / 2, distinct + d.step / 2
+            mass = _log_gauss_mass_unique((left[:, np.newaxis] - mu) / sigma,
+                                          (right[:, np.newaxis] - mu) / sigma)[:, kernel]
+            weighted += mass[inverse[rows]]
+            weighted -= _truncnorm._log_gauss_mass((d.adapted_low - mu) / sigma,
+                                                   (d.adapted_high - mu) / sigma)[kernel]
+        weighted += np.log(mixture.weights[np.newaxis])
+        largest = weighted.max(axis=1)
+        largest[np.isneginf(largest)] = 0  # no (-inf) - (-inf) where the density is zero
+        with np.errstate(divide="ignore"):
+            return np.log(np.exp(weighted - largest[:, None]).sum(axis=1)) + largest
 
 
 class EnumeratedTPE(optuna.samplers.TPESampler):
@@ -187,13 +219,12 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
             study, trials, gamma(sum(t.state != TrialState.RUNNING for t in trials)))
         good = self._build_parzen_estimator(study, search_space, below, handle_below=True)
         bad = self._build_parzen_estimator(study, search_space, above, handle_below=False)
-        points = {n: table.values[candidates, j] for j, n in enumerate(names)}
-        log_good = good.log_pdf(points)
+        log_good = table.log_pdf(good, candidates)
         weights = np.exp(log_good - log_good.max())
         count = min(self._n_ei_candidates, len(candidates))
         drawn = self._rng.rng.choice(len(candidates), size=count, replace=False,
                                      p=weights / weights.sum())
-        score = log_good[drawn] - bad.log_pdf({n: v[drawn] for n, v in points.items()})
+        score = log_good[drawn] - table.log_pdf(bad, candidates[drawn])
         best = self.accepted[int(candidates[drawn[int(np.argmax(score))]])]
         return {n: search_space[n].to_external_repr(best[n]) for n in names}
 
