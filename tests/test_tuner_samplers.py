@@ -5,6 +5,8 @@ that warm-start trials do not shorten."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import kernels
@@ -157,3 +159,10 @@ def test_the_default_samplers_proposals_are_pinned(grouped):
     a deliberate change of the search."""
     assert _proposals_digest(grouped, 40, 1) == "27d4a4a180f29da9"
     assert _proposals_digest(grouped, 40, 5) == "2c8f5752cb28dc64"
+
+
+def test_the_ask_cost_bench_runs():
+    bench = Path(__file__).resolve().parents[1] / "bench" / "ask_cost.py"
+    out = subprocess.run([sys.executable, str(bench), "--family", "blocktile2d", "--asks", "12"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("blocktile2d: 5076 accepted configs, ") and "ms per ask" in out
