@@ -92,6 +92,8 @@ def tune_all(
     order = [(problem, family) for problem in problems for family in families]
     following = {(p, id(f)): after for (p, f), after in zip(order, order[1:])}
     with StartupPrefetch(session) as prefetch:
+        if session.prefetch_startup and order:  # the first one beside the shape's set-up
+            prefetch.start(order[0][1], order[0][0])
         for problem in problems:
             if session.stop.requested:
                 break
