@@ -166,7 +166,8 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
     for name in MAIN_PHASES:
         row(name, phases.seconds.get(name, 0.0))
     row("other", phases.loop_s - phases.in_loop())
-    # the writer thread's storage writes (store_bg): beside the main thread, not in its rows
+    # beside the main thread, not in its rows: the writer thread's storage writes (store_bg),
+    # the next study's start-up prepared ahead (startup_bg)
     background = {name: {"seconds": s, "share": s / tuning_s if tuning_s else 0.0,
                          "per_trial_s": s / trials}
                   for name in BACKGROUND_PHASES if (s := phases.seconds.get(name, 0.0))}
@@ -202,8 +203,8 @@ def print_report(result: dict[str, Any]) -> None:
     for name, r in result["phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
     for name, r in result["background_phases"].items():
-        print(f"{name + ' (thread)':<14}{r['seconds']:>10.2f}{r['share']:>9.1%}"
-              f"{1e3 * r['per_trial_s']:>14.1f}  (writer thread, beside the main thread)")
+        print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}"
+              f"{1e3 * r['per_trial_s']:>14.1f}  (beside the main thread)")
     print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
     for name, r in result["child_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")

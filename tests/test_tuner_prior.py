@@ -111,6 +111,21 @@ def test_startup_is_seeded_and_compiles_at_most_the_bound():
     assert not failing & {config_key(c) for c in again}
 
 
+def test_the_compiles_in_parallel_rank_as_one_at_a_time(tmp_path):
+    """NVRTC runs outside the GIL: the prior compiles on every core, with the same ranking."""
+    family = kernels.get_family("blocktile1d")
+    accepted = _accepted_configs(family, "sm_90")
+    ranked = {}
+    for workers in (1, 4):
+        ranking = prior.Ranking()
+        ranked[workers] = prior.startup_configs(
+            family, accepted, 256, 256, 256, H100, 6, seed=5, max_compiles=4, ranking=ranking,
+            resources=prior.compiled_usage(family, "sm_90", tmp_path / str(workers)),
+            workers=workers)
+        assert ranking.compiled == 4
+    assert ranked[1] == ranked[4] and len(ranked[1]) == 6
+
+
 def test_the_default_sampler_measures_the_startup_first_then_its_model():
     naive = kernels.get_family("naive")
     accepted = naive.accepted_configs()

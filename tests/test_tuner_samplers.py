@@ -4,6 +4,9 @@ that warm-start trials do not shorten."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import kernels
@@ -127,3 +130,39 @@ def test_asks_ahead_of_the_startup_results_continue_down_the_ranked_list(grouped
     study = optuna.create_study(direction="maximize", sampler=sampler)
     in_flight = [study.ask(space.distributions(WARPTILE)) for _ in range(len(ranked))]
     assert [space.config_from_params(WARPTILE, t.params) for t in in_flight] == ranked
+
+
+def _proposals_digest(grouped, asks: int, window: int) -> str:
+    """The default sampler's proposals over ``asks`` asks with ``window`` candidates in flight
+    (constant liar sees RUNNING trials), as a digest."""
+    accepted, _, positions = grouped
+    startup = [space.params_from_config(WARPTILE, c) for c in accepted[:STARTUP_TRIALS]]
+    sampler = make_sampler("default", 3, SearchSpace(
+        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    asked, in_flight = [], []
+    for _ in range(asks):
+        trial = study.ask(space.distributions(WARPTILE))
+        config = space.config_from_params(WARPTILE, trial.params)
+        asked.append(tuple(sorted(config.items())))
+        trial.set_user_attr("state", "ok")
+        in_flight.append((trial, config))
+        if len(in_flight) >= window:
+            done, done_config = in_flight.pop(0)
+            study.tell(done, _speed(done_config))
+    return hashlib.sha256(repr(asked).encode()).hexdigest()[:16]
+
+
+def test_the_default_samplers_proposals_are_pinned(grouped):
+    """Same seed, same proposals: speed-ups of the ask (issue 19) must not change which configs
+    it proposes. The digests were taken before those speed-ups; change them only together with
+    a deliberate change of the search."""
+    assert _proposals_digest(grouped, 40, 1) == "27d4a4a180f29da9"
+    assert _proposals_digest(grouped, 40, 5) == "2c8f5752cb28dc64"
+
+
+def test_the_ask_cost_bench_runs():
+    bench = Path(__file__).resolve().parents[1] / "bench" / "ask_cost.py"
+    out = subprocess.run([sys.executable, str(bench), "--family", "blocktile2d", "--asks", "12"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("blocktile2d: 5076 accepted configs, ") and "ms per ask" in out

@@ -30,7 +30,10 @@ MAIN_PHASES = (PROPOSE, PREPARE, COMPILE_WAIT, GPU_SEND, GPU_WAIT, STORE, TELL, 
 # The writer thread's own time (tuner.search.writer): Optuna storage + results database writes,
 # beside the main thread like the GPU child's, so not part of the main-thread sum.
 STORE_BG = "store_bg"
-BACKGROUND_PHASES = (STORE_BG,)
+# The next study's start-up prepared beside this one (tuner.search.prefetch): its process's
+# wall time. The main thread's wait for it, where it is not ready, stays in the study start.
+STARTUP_BG = "startup_bg"
+BACKGROUND_PHASES = (STORE_BG, STARTUP_BG)
 # Phases whose (start, end) are kept too: a GPU-busy share leaves the one-time setup out.
 SPANNED = (SETUP,)
 

@@ -11,6 +11,7 @@ from typing import Any
 from tuner.measure.evaluator import Baseline
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
+from tuner.search.prefetch import StartupPrefetch
 from tuner.search.study import Budget, Session, StudyOutcome, run_study
 
 log = logging.getLogger(__name__)
@@ -88,24 +89,33 @@ def tune_all(
     families = offered
     started = time.monotonic()
     left_to_run = len(problems) * len(families)
-    for problem in problems:
-        if session.stop.requested:
-            break
-        session.evaluator.set_problem(problem)
-        baseline = _measure_baseline(session, problem)
-        if baseline is not None:
-            summary.baselines[problem] = baseline
-        for family in families:
+    order = [(problem, family) for problem in problems for family in families]
+    following = {(p, id(f)): after for (p, f), after in zip(order, order[1:])}
+    with StartupPrefetch(session) as prefetch:
+        if session.prefetch_startup and order:  # the first one beside the shape's set-up
+            prefetch.start(order[0][1], order[0][0])
+        for problem in problems:
             if session.stop.requested:
                 break
-            study_budget = budget
-            if total_seconds is not None:
-                left = total_seconds - (time.monotonic() - started)
-                study_budget = dataclasses.replace(
-                    budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
-            outcome = run_study(session, family, problem, study_budget,
-                                None if baseline is None else baseline.gflops)
-            summary.outcomes.append((problem, family, outcome))
-            left_to_run -= 1
+            session.evaluator.set_problem(problem)
+            baseline = _measure_baseline(session, problem)
+            if baseline is not None:
+                summary.baselines[problem] = baseline
+            for family in families:
+                if session.stop.requested:
+                    break
+                study_budget = budget
+                if total_seconds is not None:
+                    left = total_seconds - (time.monotonic() - started)
+                    study_budget = dataclasses.replace(
+                        budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
+                startup = prefetch.take(family, problem)
+                after = following.get((problem, id(family)))
+                if session.prefetch_startup and after is not None:
+                    prefetch.start(after[1], after[0])  # beside this study
+                outcome = run_study(session, family, problem, study_budget,
+                                    None if baseline is None else baseline.gflops, startup)
+                summary.outcomes.append((problem, family, outcome))
+                left_to_run -= 1
     summary.interrupted = session.stop.requested
     return summary

@@ -79,6 +79,8 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         compile_cache=compile_cache,
         # one accumulator for the command: the evaluator's own, where it keeps one
         phases=getattr(evaluator, "phases", None) or Phases(),
+        # a live evaluator (it has a compile pool): a GPU waits while a study starts up
+        prefetch_startup=hasattr(evaluator, "pool"),
     )
 
 

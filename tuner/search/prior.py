@@ -175,13 +175,14 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
                     target: Target, count: int, seed: int | None,
                     resources: Resources | None = None, max_compiles: int = MAX_COMPILES,
                     ranking: Ranking | None = None, per_group: int = PER_GROUP,
-                    groups: Groups | None = None) -> list[dict[str, int]]:
+                    groups: Groups | None = None, workers: int | None = None
+                    ) -> list[dict[str, int]]:
     """``count`` accepted configs to measure first: groups (``group_configs``) are ranked by the
     estimate (registers estimated), the best ones are compiled (one seeded pick per group, at
     most ``max_compiles``) and ranked again by their real registers and spills; the start-up is
     then the best groups in order, ``per_group`` configs of each (the compiled pick first, the
     others seeded draws from the group). ``groups``: ``group_configs`` of ``accepted``, where
-    the caller has it already."""
+    the caller has it already. ``workers``: compile threads (default: one per core)."""
     rng = random.Random(seed)
     ranking = ranking if ranking is not None else Ranking()
     groups = groups if groups is not None else group_configs(family, accepted, m, n, k)
@@ -193,7 +194,8 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
         started = time.perf_counter()
         top = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
         # NVRTC runs outside the GIL for the most part: threads spread the compiles over the cores.
-        with ThreadPoolExecutor(max_workers=max(1, min(len(top), os.cpu_count() or 1))) as pool:
+        threads = workers or os.cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=max(1, min(len(top), threads))) as pool:
             usages = list(pool.map(lambda key: resources(picks[key]), top))
         for key, usage in zip(top, usages):
             ranking.compiled += 1

@@ -104,6 +104,9 @@ class Session:
     # while the loop goes on (tuner.search.writer); False: on the main thread, as before
     # (kept to compare the two in tests).
     background_store: bool = True
+    # tune_all prepares the next study's start-up in a child process while one runs
+    # (tuner.search.prefetch); off where no GPU waits (replay, tests' fakes)
+    prefetch_startup: bool = False
 
 
 @dataclass
@@ -194,6 +197,62 @@ def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
 
 
 @dataclass
+class Startup:
+    """A study's start-up inputs, computed from the family, the GPU and the problem alone, so
+    that they can be prepared ahead, while the study before runs (``StartupPrefetch``)."""
+
+    accepted: list[dict[str, int]] | None  # every accepted config, where enumerable
+    groups: prior.Groups | None  # the default sampler's geometry groups (tuner.search.prior)
+    # the default sampler's start-up from the static prior, with compiled resources (None: to
+    # be ranked on the main thread: a replay reads the resources its recording holds)
+    ranked: list[dict[str, int]] | None = None
+    ranking: prior.Ranking = field(default_factory=prior.Ranking)
+    seconds: float = 0.0  # CPU wall time it took where prepared ahead
+
+
+def _startup_count(batch: int) -> int:
+    # with ``batch`` candidates in flight, the asks made before the start-up's results come
+    # back take the next picks of the prior's ranking (instead of uniform ones)
+    return STARTUP_TRIALS + max(0, batch - 1)
+
+
+def _enumerate(family: Any, arch: str, problem: Problem, sampler: str) -> Startup:
+    accepted = _accepted_configs(family, arch)
+    groups = (prior.group_configs(family, accepted, problem.m, problem.n, problem.k)
+              if sampler == "default" and accepted is not None else None)
+    return Startup(accepted, groups)
+
+
+def _rank(family: Any, arch: str, problem: Problem, startup: Startup, sm_count: int,
+          batch: int, seed: int | None, prior_compiles: int, resources: Any
+          ) -> tuple[list[dict[str, int]], prior.Ranking]:
+    """The default sampler's start-up configs from the static prior, and what it did."""
+    assert startup.accepted is not None
+    ranking = prior.Ranking()
+    configs = prior.startup_configs(
+        family, startup.accepted, problem.m, problem.n, problem.k, prior.Target(sm_count, arch),
+        _startup_count(batch), _seed_for(seed, 0), resources, prior_compiles, ranking,
+        groups=startup.groups)
+    return configs, ranking
+
+
+def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
+                    batch: int, seed: int | None, prior_compiles: int,
+                    cache_dir: str | None) -> Startup:
+    """A registered family's start-up inputs with the prior's compiles (NVRTC, CUBIN cache):
+    what ``_StudyRun`` computes itself when it was not prepared ahead."""
+    started = time.perf_counter()
+    family = kernels.get_family(family_name)
+    startup = _enumerate(family, arch, problem, sampler)
+    if sampler == "default" and startup.accepted is not None and sm_count >= 1:
+        resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
+        startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
+                                                seed, prior_compiles, resources)
+    startup.seconds = time.perf_counter() - started
+    return startup
+
+
+@dataclass
 class _Tally:
     """The measured configs of a study and its best so far, fed in trial order."""
 
@@ -222,18 +281,17 @@ class _StudyRun:
     candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
-                 baseline_gflops: float | None) -> None:
+                 baseline_gflops: float | None, startup: Startup | None = None) -> None:
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
         self.baseline_gflops = baseline_gflops
         self.name = study_name(session.gpu_name, family, problem)
         self.distributions = space.distributions(family)  # positions: see tuner.search.space
         self.arch = session.evaluator.arch()
-        self.accepted_all = _accepted_configs(family, self.arch)
+        # ``startup``: prepared ahead (StartupPrefetch); else computed here, the same way
+        self.startup = startup or _enumerate(family, self.arch, problem, session.sampler)
+        self.accepted_all = self.startup.accepted
         # the default sampler's geometry groups (tuner.search.prior), for its start-up and model
-        self.groups = (prior.group_configs(family, self.accepted_all, problem.m, problem.n,
-                                           problem.k)
-                       if session.sampler == "default" and self.accepted_all is not None
-                       else None)
+        self.groups = self.startup.groups
 
         self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
                                   claims=session.claim_trials,
@@ -314,17 +372,19 @@ class _StudyRun:
         sm_count = int(self.session.evaluator.info().get("sm_count") or 0)
         if self.accepted_all is None or sm_count < 1:
             return []
-        # A replay reads the resources the recording holds (the compiler of its measurements).
-        recorded = getattr(self.session.evaluator, "compiled_usage", None)
-        resources = (None if not self.session.prior_compiles
-                     else recorded(self.family, self.problem) if recorded is not None
-                     else prior.compiled_usage(self.family, self.arch, self.session.compile_cache))
-        ranking = prior.Ranking()
-        configs = prior.startup_configs(
-            self.family, self.accepted_all, self.problem.m, self.problem.n, self.problem.k,
-            prior.Target(sm_count, self.arch), STARTUP_TRIALS + max(0, self.session.batch - 1),
-            _seed_for(self.session.seed, 0), resources, self.session.prior_compiles, ranking,
-            groups=self.groups)
+        if self.startup.ranked is not None:  # ranked ahead, beside the study before
+            configs, ranking = self.startup.ranked, self.startup.ranking
+        else:
+            # A replay reads the resources the recording holds (the compiler of its
+            # measurements).
+            session = self.session
+            recorded = getattr(session.evaluator, "compiled_usage", None)
+            resources = (None if not session.prior_compiles
+                         else recorded(self.family, self.problem) if recorded is not None
+                         else prior.compiled_usage(self.family, self.arch, session.compile_cache))
+            configs, ranking = _rank(self.family, self.arch, self.problem, self.startup, sm_count,
+                                     session.batch, session.seed, session.prior_compiles,
+                                     resources)
         log.info("%s: start-up from the static prior (%d geometry groups, %d compiled in "
                  "%.1f s): %s", self.name, ranking.groups, ranking.compiled,
                  ranking.compile_seconds, "; ".join(config_text(c) for c in configs))
@@ -732,9 +792,11 @@ def run_study(
     problem: Problem,
     budget: Budget,
     baseline_gflops: float | None = None,
+    startup: Startup | None = None,
 ) -> StudyOutcome:
-    """Runs (or resumes) the study of ``family`` on ``problem`` until a stop rule holds."""
-    return _StudyRun(session, family, problem, budget, baseline_gflops).run()
+    """Runs (or resumes) the study of ``family`` on ``problem`` until a stop rule holds.
+    ``startup``: its start-up inputs where prepared ahead (``StartupPrefetch``)."""
+    return _StudyRun(session, family, problem, budget, baseline_gflops, startup).run()
 
 
 def _record_fields(measurement: Measurement) -> dict[str, Any]:

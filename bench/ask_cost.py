@@ -1,0 +1,95 @@
+"""CPU time of the default sampler's ask over a family's full accepted space (issue 19).
+
+    python bench/ask_cost.py [--family pipelined ...] [--asks 50] [--window 4] [--profile]
+
+For each family (default: the enumerable ones with more than 10,000 accepted configs), builds
+the default sampler as a study does (accepted configs, geometry groups; no prior start-up) and
+asks ``--asks`` times with ``--window`` candidates in flight, telling a made-up value for the
+oldest. Prints the mean ms per ask after the first 10 (past the start-up) and a digest of the
+proposals: a change of the ask that must not change the search keeps the digest. No GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels  # noqa: E402
+import optuna  # noqa: E402
+
+from tuner.search import prior, space  # noqa: E402
+from tuner.search.samplers import SearchSpace, make_sampler  # noqa: E402
+from tuner.search.study import _accepted_configs  # noqa: E402
+
+ARCH = "sm_90"
+WARM_ASKS = 10
+LARGE = ("warptile", "pipelined", "tf32x3")
+
+
+def _value(config: dict[str, int]) -> float:
+    """A made-up objective: deterministic, with some structure for TPE to follow."""
+    return float(sum((i + 1) * (v % 7) for i, v in enumerate(config.values())))
+
+
+def ask_cost(family_name: str, asks: int, window: int, profile: cProfile.Profile | None = None
+             ) -> tuple[int, float, str]:
+    """(accepted configs, mean seconds per ask after the first WARM_ASKS, proposals digest)."""
+    family = kernels.get_family(family_name)
+    accepted = _accepted_configs(family, ARCH)
+    if accepted is None:
+        raise SystemExit(f"{family_name}: not enumerable")
+    groups = prior.group_configs(family, accepted, 2048, 2048, 2048)
+    positions = [[space.params_from_config(family, c) for c in members]
+                 for _, members in groups.values()]
+    distributions = space.distributions(family)
+    sampler = make_sampler("default", 0, SearchSpace(
+        distributions, space.feasibility(family, ARCH), (), positions))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    seconds, asked, in_flight = [], [], []
+    for index in range(asks):
+        started = time.perf_counter()
+        if profile is not None and index >= WARM_ASKS:
+            profile.enable()
+        trial = study.ask(distributions)
+        if profile is not None:
+            profile.disable()
+        seconds.append(time.perf_counter() - started)
+        config = space.config_from_params(family, trial.params)
+        asked.append(tuple(sorted(config.items())))
+        trial.set_user_attr("state", "ok")
+        in_flight.append((trial, config))
+        if len(in_flight) >= window:
+            done, done_config = in_flight.pop(0)
+            study.tell(done, _value(done_config))
+    late = seconds[WARM_ASKS:] or seconds
+    return (len(accepted), sum(late) / len(late),
+            hashlib.sha256(repr(asked).encode()).hexdigest()[:16])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", action="append", default=[])
+    parser.add_argument("--asks", type=int, default=50)
+    parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--profile", action="store_true", help="cProfile the asks")
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in args.family or LARGE:
+        profile = cProfile.Profile() if args.profile else None
+        accepted, per_ask, digest = ask_cost(name, args.asks, args.window, profile)
+        print(f"{name}: {accepted} accepted configs, {1e3 * per_ask:.1f} ms per ask, "
+              f"proposals {digest}")
+        if profile is not None:
+            pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

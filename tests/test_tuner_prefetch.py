@@ -1,0 +1,131 @@
+"""Issue 19: the next study's start-up prepared in a child process while one runs
+(tuner.search.prefetch) is the start-up the study computes itself; the process is accounted for
+(phase startup_bg) and ends with the command, however it ends. Real NVRTC compiles, no GPU."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from pathlib import Path
+from typing import Any
+
+import db
+import kernels
+import optuna
+import pytest
+
+from tuner.measure.live import LiveEvaluator
+from tuner.measure.phases import STARTUP_BG, Phases
+from tuner.problem import Problem
+from tuner.run import session as run_session
+from tuner.search import prior
+from tuner.search.prefetch import StartupPrefetch
+from tuner.search.study import Budget, Session, _enumerate, _rank
+
+BLOCKTILE1D = kernels.get_family("blocktile1d")  # 284 accepted configs, one group each
+NAIVE = kernels.get_family("naive")
+PROBLEM = Problem(256, 256, 256)
+COMPILES = 3  # the prior's compiles per study here (48 on a GPU host: minutes on CI's cores)
+
+
+class _Evaluator:
+    """What the prefetch and tune_all read of an evaluator, without a GPU child."""
+
+    pool = None  # a live evaluator's compile pool (new_session turns prefetching on for it)
+
+    def info(self) -> dict[str, Any]:
+        return {"sm_count": 132}
+
+    def arch(self) -> str:
+        return "sm_90"
+
+    def set_problem(self, problem: Problem) -> None:
+        pass
+
+    def baseline(self) -> Any:
+        raise RuntimeError("no cuBLAS here")
+
+
+def _session(evaluator: Any, cache: Path, **fields: Any) -> Session:
+    defaults: dict[str, Any] = dict(database=None, storage=None, gpu_id=1, phases=Phases())
+    return Session(evaluator=evaluator, gpu_name="test", batch=4, seed=7, progress=False,
+                   prior_compiles=COMPILES, compile_cache=cache, **(defaults | fields))
+
+
+def _pool_workers() -> list[mp.process.BaseProcess]:
+    """The preparing process (the evaluator's compile pool is its own, closed before)."""
+    return [p for p in mp.active_children() if p.name.startswith("SpawnProcess")]
+
+
+def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
+    session = _session(_Evaluator(), tmp_path / "cubins")
+    with StartupPrefetch(session) as prefetch:
+        prefetch.start(BLOCKTILE1D, PROBLEM)
+        assert prefetch.take(NAIVE, PROBLEM) is None  # not the one prepared: computed anew
+        prefetch.start(BLOCKTILE1D, PROBLEM)
+        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
+        assert prefetch.take(BLOCKTILE1D, PROBLEM) is None  # taken once
+    assert not _pool_workers()
+    assert prepared is not None and session.phases.counts[STARTUP_BG] == 1
+    here = _enumerate(BLOCKTILE1D, "sm_90", PROBLEM, "default")
+    ranked, ranking = _rank(BLOCKTILE1D, "sm_90", PROBLEM, here, 132, session.batch,
+                            session.seed, COMPILES,
+                            prior.compiled_usage(BLOCKTILE1D, "sm_90", tmp_path / "cubins"))
+    assert prepared.accepted == here.accepted and prepared.groups == here.groups
+    assert prepared.ranked == ranked and prepared.ranking.compiled == ranking.compiled == COMPILES
+
+
+def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_path):
+    with StartupPrefetch(_session(_Evaluator(), tmp_path / "cubins")) as prefetch:
+        prefetch.start(BLOCKTILE1D, PROBLEM)
+        for process in _pool_workers():
+            process.kill()
+        assert prefetch.take(BLOCKTILE1D, PROBLEM) is None
+        prefetch.start(BLOCKTILE1D, PROBLEM)  # not again
+        assert prefetch.take(BLOCKTILE1D, PROBLEM) is None and not _pool_workers()
+
+
+def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch):
+    session = _session(_Evaluator(), tmp_path / "cubins", prefetch_startup=True)
+    started: list[int] = []
+
+    def interrupted(*args: Any) -> None:
+        started.append(len(_pool_workers()))  # the next study's start-up is being prepared
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_session, "run_study", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
+                             Budget(trials=2, timeout_s=None, patience=None))
+    assert started == [1] and not _pool_workers()
+
+
+def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,
+                     caplog: pytest.LogCaptureFixture) -> list[str]:
+    """tune_all over naive and blocktile1d on the stand-in GPU child: the start-ups logged."""
+    (tmp_path / folder).mkdir()
+    database = db.open_database(f"sqlite:///{tmp_path / folder / 'gemmtune.sqlite'}")
+    caplog.clear()
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
+                       backend="tuner.testing") as evaluator, \
+            caplog.at_level(logging.INFO, logger="tuner.search.study"):
+        info = evaluator.info()
+        session = _session(evaluator, tmp_path / "cubins", prefetch_startup=prefetch,
+                           database=database, storage=optuna.storages.RDBStorage(database.url),
+                           warm_start=False, gpu_id=database.ensure_gpu(db.GpuInfo(**info)),
+                           phases=evaluator.phases)
+        summary = run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
+                                       Budget(trials=2, timeout_s=60, patience=None))
+        assert len(summary.outcomes) == 2
+        # both studies prepared ahead: the first beside the shape's set-up
+        assert evaluator.phases.counts.get(STARTUP_BG, 0) == (2 if prefetch else 0)
+    assert not _pool_workers()
+    database.close()
+    return [r.getMessage().split(" in ")[0] + r.getMessage().split("):")[1]
+            for r in caplog.records if "start-up from the static prior" in r.getMessage()]
+
+
+def test_tune_all_prepares_the_next_start_up_ahead_with_the_same_result(tmp_path, caplog):
+    ahead = _startups_logged(tmp_path, "ahead", True, caplog)
+    here = _startups_logged(tmp_path, "here", False, caplog)
+    assert len(ahead) == 2 and ahead == here

@@ -1,0 +1,112 @@
+"""Prepare the next study's start-up while the current one measures (issue 19).
+
+A study's start-up (``tuner.search.study.Startup``: its accepted configs enumerated, grouped by
+geometry, and the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs)
+is seconds of CPU with the GPU idle. It depends on the family, the GPU and the problem only, so
+one child process prepares it for the next study while the current one runs: a process, not a
+thread, so that its pure-Python enumeration does not hold the main thread's GIL, and niced, so
+that the current study's compiles keep the cores they need. Its compiles fill the same CUBIN
+cache the candidates then hit. The study uses the prepared inputs exactly as it would have
+computed them itself (``prepare_startup`` is that computation).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+import kernels
+
+from tuner.lifetime import child_init
+from tuner.measure.phases import STARTUP_BG
+from tuner.problem import Problem
+from tuner.search.study import Session, Startup, prepare_startup
+
+log = logging.getLogger(__name__)
+
+# Niceness of the preparing process: below the compile pool and the GPU child, which serve the
+# study that runs now.
+NICENESS = 10
+
+
+def _init(parent_pid: int) -> None:
+    child_init(parent_pid)
+    os.nice(NICENESS)
+
+
+def can_prefetch(session: Session, family: Any) -> bool:
+    """Only a registered family (it travels by name) of a live run: a replay ranks its start-up
+    from the resources its recording holds, in the main thread."""
+    return (kernels.FAMILIES.get(family.name) is family
+            and getattr(session.evaluator, "compiled_usage", None) is None)
+
+
+@dataclass
+class _Job:
+    key: tuple[str, Problem]
+    result: Future[Startup]
+
+
+class StartupPrefetch:
+    """One study's start-up prepared ahead at a time. ``take`` it when the study starts; close
+    (terminate) the process at the end, whatever the reason."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._executor: ProcessPoolExecutor | None = None
+        self._job: _Job | None = None
+        self._broken = False  # the process died (killed?): the studies compute their own
+
+    def start(self, family: Any, problem: Problem) -> None:
+        """Begin preparing ``family`` on ``problem`` (replacing a job not taken)."""
+        if self._broken or not can_prefetch(self.session, family):
+            return
+        session = self.session
+        if self._executor is None:  # its process starts from this (the main) thread: lifetime
+            self._executor = ProcessPoolExecutor(max_workers=1,
+                                                 mp_context=mp.get_context("spawn"),
+                                                 initializer=_init, initargs=(os.getpid(),))
+        sm_count = int(session.evaluator.info().get("sm_count") or 0)
+        cache = None if session.compile_cache is None else str(session.compile_cache)
+        self._job = _Job((family.name, problem), self._executor.submit(
+            prepare_startup, family.name, session.evaluator.arch(), problem, session.sampler,
+            sm_count, session.batch, session.seed, session.prior_compiles, cache))
+
+    def take(self, family: Any, problem: Problem) -> Startup | None:
+        """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
+        none was started for it or it failed (the study then computes its own)."""
+        job, self._job = self._job, None
+        if job is None or job.key != (family.name, problem):
+            return None
+        try:
+            startup = job.result.result()
+        except Exception as error:
+            log.warning("preparing the start-up of %s ahead failed: %s", family.name, error)
+            if isinstance(error, BrokenProcessPool):  # its process died (killed?): stop here
+                self.close()
+                self._broken = True
+            return None
+        self.session.phases.add(STARTUP_BG, startup.seconds)
+        return startup
+
+    def close(self) -> None:
+        """End the process at once: a job half done is of no use, and waiting for its
+        compiles would hold up the command's exit."""
+        executor, self._executor, self._job = self._executor, None, None
+        if executor is None:
+            return
+        # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            process.kill()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> StartupPrefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
