@@ -4,7 +4,7 @@
     python bench/live_check.py --shape 1792x2304x1536 --family tf32x3 --seeds 1,2,3
         [--checkpoints 10,20,40] [--short-trials 40] [--short-timeout 20]
         [--long-trials 150] [--long-timeout 40] [--sampler default] [--gpu 0]
-        [--deadline-s 560] [--db URL] [--cache DIR] [--out FILE]
+        [--deadline-s 540] [--db URL] [--cache DIR] [--out FILE]
 
 For each shape (default: two that no recording in tests/data/recordings/ holds, so nothing the
 default sampler was designed on) and family (default: the families that win the speed suite on
@@ -45,6 +45,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -115,7 +116,7 @@ def best_so_far(gflops: list[float | None]) -> list[float]:
 
 
 def score(run: RunResult, reference: float, checkpoints: list[int]) -> None:
-    """Fill in the run's fraction of ``reference`` at each checkpoint and its steps to within 3 %."""
+    """Fill in the run's fraction of ``reference`` per checkpoint and its steps to within 3 %."""
     curve = best_so_far(run.gflops)
     # a run that stopped before c has returned its best by then: that is what it delivers
     run.fractions = {str(c): (curve[min(c, len(curve)) - 1] / reference if curve else None)
@@ -140,9 +141,9 @@ def read_runs(url: str, gpu: str, family: Any, problem: Problem) -> list[db.Run]
             runs = database.list_runs(gpu=gpu, family=family.name, limit=MAX_LIMIT)
         except db.UnknownGpuError:  # a fresh database, before the tuner registered the GPU
             return []
+    shape = (problem.m, problem.n, problem.k)
     return sorted((r for r in runs if r.source_hash == family.source_hash
-                   and (r.problem.m, r.problem.n, r.problem.k) == (problem.m, problem.n, problem.k)),
-                  key=lambda r: r.id)
+                   and (r.problem.m, r.problem.n, r.problem.k) == shape), key=lambda r: r.id)
 
 
 def measured_trials(url: str, run_id: int) -> tuple[list[float | None], list[str]]:
@@ -183,7 +184,7 @@ class Check:
         """One ``python -m tuner`` invocation on the shared evaluator; its trials read back."""
         options = parse_args(self.argv(family, problem, trials=trials, timeout=timeout,
                                        patience=patience, seed=seed, url=url))
-        known = {r.id for r in read_runs(url, self.gpu, family, problem)} if kind == "long" else set()
+        known = {r.id for r in read_runs(url, self.gpu, family, problem)}  # --db's earlier runs
         print(f"[{self.elapsed():5.0f} s] {problem.shape} {family.name}: {kind} run, seed {seed}, "
               f"{trials} configs, at most {timeout:g} s", flush=True)
         started = time.monotonic()
@@ -218,7 +219,8 @@ class Check:
         runs = read_runs(url, self.gpu, family, problem)
         best = max((r.best_gflops for r in runs if r.best_gflops), default=None)
         if best is None:
-            self.skipped.append(f"{problem.shape} {family.name}: no verified config in the long run")
+            self.skipped.append(f"{problem.shape} {family.name}: no verified config in the "
+                                "long run")
             return None
         how = (f"the best verified trial of {family.name}@{family.source_hash[:12]} for "
                f"({self.gpu}, {problem.shape}) over {len(runs)} run(s) in "
@@ -227,7 +229,7 @@ class Check:
             score(long_run, best, args.checkpoints)
         return {"shape": problem.shape, "family": family.name, "source_hash": family.source_hash,
                 "reference": {"gflops": best, "how": how, "run_ids": [r.id for r in runs],
-                              "measured": sum(r.n_trials for r in runs)},
+                              "measured": sum(len(measured_trials(url, r.id)[0]) for r in runs)},
                 "long": None if long_run is None else asdict(long_run), "short": []}
 
     def short_run(self, pair: dict[str, Any], family: Any, problem: Problem, seed: int) -> None:
@@ -266,7 +268,8 @@ class Check:
         return {
             "issue": 15, "gpu": self.gpu, "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "argv": sys.argv[1:] if args.argv is None else args.argv,
+            "command": shlex.join(["python", "bench/live_check.py",
+                                   *(sys.argv[1:] if args.argv is None else args.argv)]),
             "settings": {"shapes": args.shape, "families": args.family, "seeds": args.seeds,
                          "checkpoints": args.checkpoints, "sampler": args.sampler,
                          "short_trials": args.short_trials, "short_timeout_s": args.short_timeout,
@@ -289,7 +292,8 @@ def table(result: dict[str, Any]) -> str:
     rows = []
     for pair in result["pairs"]:
         reference = pair["reference"]["gflops"]
-        runs = ([pair["long"]] if pair["long"] else []) + pair["short"]
+        # a long run resumed in --db may measure nothing new: no row of its own then
+        runs = ([pair["long"]] if pair["long"] and pair["long"]["gflops"] else []) + pair["short"]
         for run in runs:
             rows.append([pair["shape"], pair["family"], result["settings"]["sampler"],
                          run["seed"] if run["kind"] == "short" else f"{run['seed']} long",
@@ -303,8 +307,12 @@ def table(result: dict[str, Any]) -> str:
     if shorts:  # over every short run: the number to quote
         medians = [statistics.median(run["fractions"][str(c)] or 0.0 for run in shorts)
                    for c in checkpoints]
+        reached = [run["to_within"] for run in shorts if run["to_within"]]
         lines.append(f"\nmedian over {len(shorts)} short runs: "
-                     + ", ".join(f"{m:.3f} at {c}" for m, c in zip(medians, checkpoints)))
+                     + ", ".join(f"{m:.3f} at {c}" for m, c in zip(medians, checkpoints))
+                     + f"; within {WITHIN:.0%} in {len(reached)} of them"
+                     + (f" (median {statistics.median(reached):g} measured configs)"
+                        if reached else ""))
     return "\n".join(lines)
 
 
@@ -346,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="short runs' seeds, one round each, as time permits (default: 1,2,3)")
     parser.add_argument("--sampler", choices=SAMPLERS, default="default")
     parser.add_argument("--gpu", type=int, default=0)
-    parser.add_argument("--deadline-s", type=float, default=560.0,
+    parser.add_argument("--deadline-s", type=float, default=540.0,
                         help="start no study that could end after this (default: %(default)s)")
     parser.add_argument("--db", default=None,
                         help="results database URL for the long runs (kept, resumed; the "
