@@ -163,6 +163,7 @@ class Check:
     scratch: Path
     evaluator: Any = None
     gpu: str = "?"
+    device: dict[str, Any] = field(default_factory=dict)  # the evaluator's info(): UUID, driver…
     started: float = field(default_factory=time.monotonic)
     pairs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
@@ -268,7 +269,7 @@ class Check:
     def result(self) -> dict[str, Any]:
         args = self.args
         return {
-            "issue": 15, "gpu": self.gpu, "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
+            "issue": 15, "gpu": self.gpu, "device": self.device, "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": shlex.join(["python", "bench/live_check.py",
                                    *(sys.argv[1:] if args.argv is None else args.argv)]),
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"live_check: cannot measure on GPU {args.gpu}: {error}", file=sys.stderr)
             return 1
         with check.evaluator:
-            check.gpu = str(check.evaluator.info().get("name"))
+            check.device = check.evaluator.info()
+            check.gpu = str(check.device.get("name"))
             arch = check.evaluator.arch()
             families = [kernels.FAMILIES[name] for name in dict.fromkeys(args.family)]
             for family in [f for f in families if not f.offered_on(arch)]:

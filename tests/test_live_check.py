@@ -41,6 +41,7 @@ def test_live_check_runs_end_to_end_on_the_stand_in(tmp_path):
     done, result = run_check(tmp_path, "--family", "naive", "--family", "smem",
                              "--long-trials", "48", "--long-timeout", "60", "--seeds", "1,2")
     assert result["backend"] == "tuner.testing" and result["issue"] == 15
+    assert result["device"]["name"] == result["gpu"] and result["device"]["uuid"]
     assert result["skipped"] == [] and not result["interrupted"]
     assert {(p["shape"], p["family"]) for p in result["pairs"]} == \
         {("64x48x32", "naive"), ("64x48x32", "smem")}
