@@ -269,7 +269,8 @@ class Check:
     def result(self) -> dict[str, Any]:
         args = self.args
         return {
-            "issue": 15, "gpu": self.gpu, "device": self.device, "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
+            "issue": 15, "gpu": self.gpu, "device": self.device,
+            "backend": os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": shlex.join(["python", "bench/live_check.py",
                                    *(sys.argv[1:] if args.argv is None else args.argv)]),
