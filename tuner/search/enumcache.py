@@ -44,8 +44,9 @@ def accepted(family: Any, arch: str, cache_dir: Path | str | None,
              enumerate_: Callable[[], list[dict[str, int]] | None]
              ) -> list[dict[str, int]] | None:
     """``enumerate_()``'s configs, read from the file where one is there for this family and
-    arch, else computed and written (None, a space too large to enumerate: not cached). Families not registered by name (tests' fakes) are not
-    cached: their name does not identify their rules."""
+    arch, else computed and written (None, a space too large to enumerate: not cached).
+    Families not registered by name (tests' fakes) are not cached: their name does not identify
+    their rules."""
     if kernels.FAMILIES.get(family.name) is not family:
         return enumerate_()
     names = [param.name for param in family.params]

@@ -6,9 +6,9 @@ is seconds of CPU with the GPU idle. It depends on the family, the GPU and the p
 one child process prepares the command's next studies', in order, while the current one runs
 (a study of 80 trials can be over in seconds, before one start-up would be ready): a process,
 not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
-niced, so that the current study's compiles keep the cores they need. Its compiles fill the same CUBIN
-cache the candidates then hit. The study uses the prepared inputs exactly as it would have
-computed them itself (``prepare_startup`` is that computation).
+niced, so that the current study's compiles keep the cores they need. Its compiles fill the
+same CUBIN cache the candidates then hit. The study uses the prepared inputs exactly as it
+would have computed them itself (``prepare_startup`` is that computation).
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ Key = tuple[str, Problem]
 
 class StartupPrefetch:
     """The start-ups of the command's next studies, prepared in order by one process (one at a
-    time: the cores are the running study's compiles'). ``take`` each when its study starts;
-    close (terminate) the process at the end, whatever the reason."""
+    time: the prior's compiles already take a thread per core, and the cores are the running
+    study's compiles' first). ``take`` each when its study starts; close (terminate) the
+    process at the end, whatever the reason."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -104,6 +105,7 @@ class StartupPrefetch:
         job = self._jobs.pop((family.name, problem), None)
         if job is None:
             return None
+        self._top_up()  # the one after the last submitted, queued behind the ones ahead
         try:
             startup = job.result()
         except Exception as error:
@@ -111,7 +113,6 @@ class StartupPrefetch:
             if isinstance(error, BrokenProcessPool):  # its process died (killed?): stop here
                 self._give_up()
             return None
-        self._top_up()
         # the process's time for the studies that use it (one left untaken is not counted)
         self.session.phases.add(STARTUP_BG, startup.seconds)
         return startup
