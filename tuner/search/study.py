@@ -341,7 +341,7 @@ class _StudyRun:
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
         """Every accepted config (positions), grouped by geometry; [] where there are no groups
         (another sampler, or a space that is not enumerated)."""
-        return [[space.params_from_config(self.family, c) for c in members]
+        return [space.params_from_configs(self.family, members)
                 for _, members in (self.groups or {}).values()]
 
     def _learned(self) -> LearnedSpace:
