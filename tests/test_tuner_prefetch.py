@@ -19,11 +19,13 @@ from tuner.measure.phases import STARTUP_BG, Phases
 from tuner.problem import Problem
 from tuner.run import session as run_session
 from tuner.search import prior
+from tuner.search import prefetch as prefetch_module
 from tuner.search.prefetch import StartupPrefetch
 from tuner.search.study import Budget, Session, _enumerate, _rank
 
 BLOCKTILE1D = kernels.get_family("blocktile1d")  # 284 accepted configs, one group each
 NAIVE = kernels.get_family("naive")
+SMEM = kernels.get_family("smem")
 PROBLEM = Problem(256, 256, 256)
 COMPILES = 3  # the prior's compiles per study here (48 on a GPU host: minutes on CI's cores)
 
@@ -73,6 +75,31 @@ def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
                             prior.compiled_usage(BLOCKTILE1D, "sm_90", tmp_path / "cubins"))
     assert prepared.accepted == here.accepted and prepared.groups == here.groups
     assert prepared.ranked == ranked and prepared.ranking.compiled == ranking.compiled == COMPILES
+
+
+def _fresh(family: Any, cache: Path, session: Session) -> tuple[Any, Any]:
+    here = _enumerate(family, "sm_90", PROBLEM, "default")
+    ranked, _ = _rank(family, "sm_90", PROBLEM, here, 132, session.batch, session.seed,
+                      COMPILES, prior.compiled_usage(family, "sm_90", cache))
+    return here, ranked
+
+
+def test_the_process_works_through_the_planned_studies_in_order_a_few_ahead(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.setattr(prefetch_module, "AHEAD", 2)
+    session = _session(_Evaluator(), tmp_path / "cubins")
+    studies = [(NAIVE, PROBLEM), (BLOCKTILE1D, PROBLEM), (SMEM, PROBLEM)]
+    with StartupPrefetch(session) as prefetch:
+        prefetch.plan(studies)
+        jobs = list(prefetch._jobs.values())  # submitted: AHEAD of them, in order
+        assert list(prefetch._jobs) == [("naive", PROBLEM), ("blocktile1d", PROBLEM)]
+        jobs[-1].result(timeout=300)  # the second prepared without the first being taken
+        prepared = [prefetch.take(family, problem) for family, problem in studies]
+    assert not _pool_workers() and session.phases.counts[STARTUP_BG] == 3
+    for (family, _), startup in zip(studies, prepared):
+        here, ranked = _fresh(family, tmp_path / "cubins", session)
+        assert startup is not None and startup.accepted == here.accepted
+        assert startup.groups == here.groups and startup.ranked == ranked
 
 
 def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_path):

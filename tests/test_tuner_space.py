@@ -99,3 +99,15 @@ def test_every_accepted_config_is_proposable_and_the_space_is_then_exhausted():
     assert proposed == accepted
     sampler = study.sampler
     assert sampler.sample_relative(study, study.ask(), sampler.varying) == {}
+
+
+def test_many_configs_to_positions_at_once_as_one_by_one():
+    configs = BLOCKTILE1D.accepted_configs("sm_90")
+    assert space.params_from_configs(BLOCKTILE1D, configs) == [
+        space.params_from_config(BLOCKTILE1D, c) for c in configs]
+    wrong = dict(configs[0], BM=12345)
+    with pytest.raises(ValueError, match="BM=12345 is not allowed"):
+        space.params_from_configs(BLOCKTILE1D, [configs[0], wrong])
+    with pytest.raises(KeyError):
+        space.params_from_configs(BLOCKTILE1D, [{k: v for k, v in configs[0].items()
+                                                 if k != "BM"}])

@@ -90,10 +90,9 @@ def tune_all(
     started = time.monotonic()
     left_to_run = len(problems) * len(families)
     order = [(problem, family) for problem in problems for family in families]
-    following = {(p, id(f)): after for (p, f), after in zip(order, order[1:])}
     with StartupPrefetch(session) as prefetch:
-        if session.prefetch_startup and order:  # the first one beside the shape's set-up
-            prefetch.start(order[0][1], order[0][0])
+        if session.prefetch_startup:  # all in order, the first beside the shape's set-up
+            prefetch.plan((family, problem) for problem, family in order)
         for problem in problems:
             if session.stop.requested:
                 break
@@ -110,9 +109,6 @@ def tune_all(
                     study_budget = dataclasses.replace(
                         budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
                 startup = prefetch.take(family, problem)
-                after = following.get((problem, id(family)))
-                if session.prefetch_startup and after is not None:
-                    prefetch.start(after[1], after[0])  # beside this study
                 outcome = run_study(session, family, problem, study_budget,
                                     None if baseline is None else baseline.gflops, startup)
                 summary.outcomes.append((problem, family, outcome))

@@ -1,13 +1,14 @@
-"""Prepare the next study's start-up while the current one measures (issue 19).
+"""Prepare the next studies' start-ups while the current one measures (issue 19).
 
 A study's start-up (``tuner.search.study.Startup``: its accepted configs enumerated, grouped by
 geometry, and the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs)
 is seconds of CPU with the GPU idle. It depends on the family, the GPU and the problem only, so
-one child process prepares it for the next study while the current one runs: a process, not a
-thread, so that its pure-Python enumeration does not hold the main thread's GIL, and niced, so
-that the current study's compiles keep the cores they need. Its compiles fill the same CUBIN
-cache the candidates then hit. The study uses the prepared inputs exactly as it would have
-computed them itself (``prepare_startup`` is that computation).
+one child process prepares the command's next studies', in order, while the current one runs
+(a study of 80 trials can be over in seconds, before one start-up would be ready): a process,
+not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
+niced, so that the current study's compiles keep the cores they need. Its compiles fill the
+same CUBIN cache the candidates then hit. The study uses the prepared inputs exactly as it
+would have computed them itself (``prepare_startup`` is that computation).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import multiprocessing as mp
 import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
+from typing import Any, Iterable
 
 import kernels
 
@@ -46,58 +47,85 @@ def can_prefetch(session: Session, family: Any) -> bool:
             and getattr(session.evaluator, "compiled_usage", None) is None)
 
 
-@dataclass
-class _Job:
-    key: tuple[str, Problem]
-    result: Future[Startup]
+# Start-ups prepared and not yet taken, at most: the process works through the command's
+# studies in order and rests only this far ahead (each holds a family's accepted configs).
+AHEAD = 4
+
+
+Key = tuple[str, Problem]
 
 
 class StartupPrefetch:
-    """One study's start-up prepared ahead at a time. ``take`` it when the study starts; close
-    (terminate) the process at the end, whatever the reason."""
+    """The start-ups of the command's next studies, prepared in order by one process (one at a
+    time: the prior's compiles already take a thread per core, and the cores are the running
+    study's compiles' first). ``take`` each when its study starts; close (terminate) the
+    process at the end, whatever the reason."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self._executor: ProcessPoolExecutor | None = None
-        self._job: _Job | None = None
+        self._queue: deque[tuple[Any, Problem]] = deque()  # to be submitted, in order
+        self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
 
+    def plan(self, studies: Iterable[tuple[Any, Problem]]) -> None:
+        """Prepare these studies' start-ups in this order (after those already submitted),
+        replacing the studies planned before and not yet begun."""
+        self._queue = deque((family, problem) for family, problem in studies
+                            if can_prefetch(self.session, family)
+                            and (family.name, problem) not in self._jobs)
+        self._top_up()
+
     def start(self, family: Any, problem: Problem) -> None:
-        """Begin preparing ``family`` on ``problem`` (replacing a job not taken)."""
-        if self._broken or not can_prefetch(self.session, family):
-            return
+        """Prepare ``family`` on ``problem`` next (the plan: that study alone)."""
+        self.plan([(family, problem)])
+
+    def _top_up(self) -> None:
         session = self.session
-        if self._executor is None:  # its process starts from this (the main) thread: lifetime
-            self._executor = ProcessPoolExecutor(max_workers=1,
-                                                 mp_context=mp.get_context("spawn"),
-                                                 initializer=_init, initargs=(os.getpid(),))
-        sm_count = int(session.evaluator.info().get("sm_count") or 0)
-        cache = None if session.compile_cache is None else str(session.compile_cache)
-        self._job = _Job((family.name, problem), self._executor.submit(
-            prepare_startup, family.name, session.evaluator.arch(), problem, session.sampler,
-            sm_count, session.batch, session.seed, session.prior_compiles, cache))
+        while self._queue and len(self._jobs) < AHEAD and not self._broken:
+            family, problem = self._queue.popleft()
+            if self._executor is None:  # its process starts from this (the main) thread
+                self._executor = ProcessPoolExecutor(max_workers=1,
+                                                     mp_context=mp.get_context("spawn"),
+                                                     initializer=_init,
+                                                     initargs=(os.getpid(),))
+            sm_count = int(session.evaluator.info().get("sm_count") or 0)
+            cache = None if session.compile_cache is None else str(session.compile_cache)
+            try:
+                self._jobs[(family.name, problem)] = self._executor.submit(
+                    prepare_startup, family.name, session.evaluator.arch(), problem,
+                    session.sampler, sm_count, session.batch, session.seed,
+                    session.prior_compiles, cache)
+            except BrokenProcessPool:
+                self._give_up()
 
     def take(self, family: Any, problem: Problem) -> Startup | None:
         """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
-        none was started for it or it failed (the study then computes its own)."""
-        job, self._job = self._job, None
-        if job is None or job.key != (family.name, problem):
+        none was planned for it or it failed (the study then computes its own)."""
+        job = self._jobs.pop((family.name, problem), None)
+        if job is None:
             return None
+        self._top_up()  # the one after the last submitted, queued behind the ones ahead
         try:
-            startup = job.result.result()
+            startup = job.result()
         except Exception as error:
             log.warning("preparing the start-up of %s ahead failed: %s", family.name, error)
             if isinstance(error, BrokenProcessPool):  # its process died (killed?): stop here
-                self.close()
-                self._broken = True
+                self._give_up()
             return None
+        # the process's time for the studies that use it (one left untaken is not counted)
         self.session.phases.add(STARTUP_BG, startup.seconds)
         return startup
+
+    def _give_up(self) -> None:
+        self.close()
+        self._broken = True
 
     def close(self) -> None:
         """End the process at once: a job half done is of no use, and waiting for its
         compiles would hold up the command's exit."""
-        executor, self._executor, self._job = self._executor, None, None
+        executor, self._executor = self._executor, None
+        self._queue, self._jobs = deque(), {}
         if executor is None:
             return
         # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)

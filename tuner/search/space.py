@@ -11,7 +11,7 @@ recordings, Kernel Tuner export — hold the parameters' real values. Convert wi
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, create_trial
@@ -59,15 +59,28 @@ def config_from_params(family: Any, params: Mapping[str, Any],
 
 def params_from_config(family: Any, config: Mapping[str, int]) -> dict[str, int]:
     """The study's params (positions) of a config; ValueError for a value the family lacks."""
-    params: dict[str, int] = {}
-    for param in family.params:
-        values = _values(param)
-        value = int(config[param.name])
-        if value not in values:
-            raise ValueError(f"family {family.name!r}: {param.name}={value} is not allowed; "
-                             f"allowed values are {', '.join(map(str, values))}")
-        params[param.name] = values.index(value)
-    return params
+    return params_from_configs(family, [config])[0]
+
+
+def params_from_configs(family: Any, configs: Iterable[Mapping[str, int]]
+                        ) -> list[dict[str, int]]:
+    """``params_from_config`` of many configs (a study's every accepted config: the positions
+    are looked up in one table per parameter, built once)."""
+    positions = [(param.name, {v: i for i, v in enumerate(_values(param))})
+                 for param in family.params]
+    result = []
+    for config in configs:
+        try:
+            result.append({name: index[int(config[name])] for name, index in positions})
+        except KeyError:
+            for param in family.params:  # which one: a missing name stays a KeyError
+                value = int(config[param.name])
+                if value not in _values(param):
+                    raise ValueError(
+                        f"family {family.name!r}: {param.name}={value} is not allowed; "
+                        f"allowed values are {', '.join(map(str, _values(param)))}") from None
+            raise
+    return result
 
 
 def reencode_trials(family: Any, trials: list[FrozenTrial]) -> list[FrozenTrial]:

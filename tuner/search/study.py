@@ -28,7 +28,7 @@ from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, colle
 from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
-from tuner.search import prior, space
+from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import LearnedSpace, capped, examples_from_database, unit_held_out
@@ -216,8 +216,10 @@ def _startup_count(batch: int) -> int:
     return STARTUP_TRIALS + max(0, batch - 1)
 
 
-def _enumerate(family: Any, arch: str, problem: Problem, sampler: str) -> Startup:
-    accepted = _accepted_configs(family, arch)
+def _enumerate(family: Any, arch: str, problem: Problem, sampler: str,
+               cache_dir: Path | str | None = None) -> Startup:
+    accepted = enumcache.accepted(family, arch, cache_dir,
+                                  lambda: _accepted_configs(family, arch))
     groups = (prior.group_configs(family, accepted, problem.m, problem.n, problem.k)
               if sampler == "default" and accepted is not None else None)
     return Startup(accepted, groups)
@@ -243,7 +245,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     what ``_StudyRun`` computes itself when it was not prepared ahead."""
     started = time.perf_counter()
     family = kernels.get_family(family_name)
-    startup = _enumerate(family, arch, problem, sampler)
+    startup = _enumerate(family, arch, problem, sampler, cache_dir)
     if sampler == "default" and startup.accepted is not None and sm_count >= 1:
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
@@ -288,7 +290,8 @@ class _StudyRun:
         self.distributions = space.distributions(family)  # positions: see tuner.search.space
         self.arch = session.evaluator.arch()
         # ``startup``: prepared ahead (StartupPrefetch); else computed here, the same way
-        self.startup = startup or _enumerate(family, self.arch, problem, session.sampler)
+        self.startup = startup or _enumerate(family, self.arch, problem, session.sampler,
+                                             session.compile_cache)
         self.accepted_all = self.startup.accepted
         # the default sampler's geometry groups (tuner.search.prior), for its start-up and model
         self.groups = self.startup.groups
@@ -338,7 +341,7 @@ class _StudyRun:
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
         """Every accepted config (positions), grouped by geometry; [] where there are no groups
         (another sampler, or a space that is not enumerated)."""
-        return [[space.params_from_config(self.family, c) for c in members]
+        return [space.params_from_configs(self.family, members)
                 for _, members in (self.groups or {}).values()]
 
     def _learned(self) -> LearnedSpace:
