@@ -76,8 +76,8 @@ COSTLESS = ("rejected", "missing")
 # Here that is the recorded optimum of the same family on every OTHER recorded problem (real
 # measurements, leave-one-out: never the problem being searched), in a fresh database per run.
 WARM = "default+warm"
-UNCAPPED = ("default", "model", "random", WARM)  # the target check compares these
-CHECKED = ("default", "model", WARM)  # rows the target check holds against random
+UNCAPPED = ("default", "model", "hybrid", "random", WARM)  # the target check compares these
+CHECKED = ("default", "model", "hybrid", WARM)  # rows the target check holds against random
 # The recordings the default sampler's constants (tuner.search.prior, GROUP_TRIES, …) were
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
 DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",
@@ -171,7 +171,8 @@ def run_one(job: Job) -> dict[str, Any]:
         scratch = tempfile.TemporaryDirectory(prefix="gemmtune-warm-", dir=_WORKER["dir"].name)
         database = db.open_database(f"sqlite:///{scratch.name}/warm.sqlite")
         _seed_other_optima(database, job, info)
-    training = training_for(job, str(info["name"])) if job.sampler == "model" else None
+    training = (training_for(job, str(info["name"])) if job.sampler in ("model", "hybrid")
+                else None)
     session = Session(
         database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
         training=training,
@@ -218,6 +219,8 @@ def fit_kind(sampler: str, recording: str) -> str:
     """Whether a row's sampler was fitted on the recording it is measured on."""
     if sampler == "model":
         return "leave-one-out"
+    if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the default's
+        return "in-sample" if recording in DESIGN_RECORDINGS else "leave-one-out"
     if sampler in ("default", WARM):
         return "in-sample" if recording in DESIGN_RECORDINGS else "not fitted on it"
     return "-"

@@ -18,8 +18,9 @@ from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 from tuner.search.costmodel import FEATURES, CostModel, features, matrix
-from tuner.search.learned import (examples_from_database, examples_from_recordings,
-                                  problem_held_out, unit_held_out)
+from tuner.search.learned import (LearnedSpace, examples_from_database,
+                                  examples_from_recordings, model_picks, problem_held_out,
+                                  unit_held_out)
 from tuner.search.prior import Target
 from tuner.search.study import Budget, Session, run_study
 from bench_support import search_efficiency
@@ -169,3 +170,19 @@ def test_examples_are_capped_keeping_the_family_own_first(recordings):
     assert [e for e in kept if e.family == "warptile"] == own
     assert capped(examples, "warptile", limit=10**6) == examples
     assert capped(examples, "warptile", limit=5, seed=1) == capped(examples, "warptile", limit=5, seed=1)
+
+
+def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewhere(recordings):
+    family = kernels.FAMILIES["tf32x3"]
+    problem = Problem(3000, 3000, 3000)
+    examples = [e for e in examples_from_recordings(recordings) if e.problem != problem]
+    accepted = family.accepted_configs("sm_90")[:3000]
+    positions = [dict(c) for c in accepted]
+    learned = LearnedSpace.build(family, accepted, positions, problem, H100, examples)
+    picks = model_picks(learned, "tf32x3", 3, seed=0)
+    assert len(picks) == 3 and all(p in positions for p in picks)
+    assert len({tuple(sorted(p.items())) for p in picks}) == 3
+    assert picks == model_picks(learned, "tf32x3", 3, seed=0)  # deterministic
+    others = LearnedSpace.build(family, accepted, positions, problem, H100,
+                                [e for e in examples if e.family != "tf32x3"])
+    assert model_picks(others, "tf32x3", 3, seed=0) == []

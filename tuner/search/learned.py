@@ -219,3 +219,22 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # only reached when every accepted config was measured: the study then stops
         return optuna.samplers.RandomSampler(seed=self.rng.randrange(2**31)).sample_independent(
             study, trial, param_name, param_distribution)
+
+
+# The hybrid sampler's start-up: this many of the cost model's top-ranked configs first, then
+# the static prior's picks (measured on 13 recorded pairs, bench/NOTES.md: the model wins where
+# another shape of the same family transfers, the prior where none does).
+HYBRID_PICKS = 3
+
+
+def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
+                ) -> list[dict[str, int]]:
+    """The ``count`` accepted configs (positions) the cost model ranks highest, when its examples
+    hold this family measured elsewhere; [] when they do not (then it is no better than the
+    prior, whose picks stand alone)."""
+    if count < 1 or not any(e.family == family for e in learned.examples):
+        return []
+    model = CostModel(seed)
+    model.add_examples(learned.examples)
+    scores = model.fit().predict(learned.x)
+    return [dict(learned.configs[i]) for i in np.argsort(-scores, kind="stable")[:count]]

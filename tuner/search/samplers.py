@@ -44,11 +44,13 @@ from optuna.trial import FrozenTrial, TrialState
 warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEsSampler",
                         category=UserWarning)
 
-SAMPLERS = ("default", "model", "tpe", "gp", "cmaes", "random")
+SAMPLERS = ("default", "model", "hybrid", "tpe", "gp", "cmaes", "random")
+# samplers whose start-up is ranked by the static prior (tuner.search.prior)
+PRIOR_SAMPLERS = ("default", "hybrid")
 
 # Extra packages each sampler needs beyond Optuna itself.
 _NEEDS: dict[str, tuple[str, ...]] = {"gp": ("torch", "scipy"), "cmaes": ("cmaes",),
-                                      "model": ("sklearn",)}
+                                      "model": ("sklearn",), "hybrid": ("sklearn",)}
 
 # Name of the constraint every trial carries (``Trial.set_constraint``): > 0 for rejected,
 # failed and wrong configs, 0 for verified ones. Optuna treats <= 0 as feasible; samplers that
@@ -80,6 +82,9 @@ class SearchSpace:
     # the model sampler's accepted configs, features and examples of other problems
     # (tuner.search.learned.LearnedSpace); None for the other samplers
     learned: Any = None
+    # start-up picks ahead of ``startup`` that the hybrid measures before the default's six
+    # (the cost model's top-ranked configs when it learned from the same family elsewhere)
+    model_picks: int = 0
 
 
 def missing_packages(name: str) -> list[str]:
@@ -90,13 +95,14 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
                  ) -> optuna.samplers.BaseSampler:
     """The sampler for ``--sampler name``. ``space`` is needed by the default set-up only; the
     others are Optuna's samplers as shipped (the benchmark's reference points)."""
-    if name == "default":
+    if name in PRIOR_SAMPLERS:
         if space is None:
-            raise ValueError("the default sampler needs the study's SearchSpace")
+            raise ValueError(f"the {name} sampler needs the study's SearchSpace")
         tpe = dict(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=0)
         model = (EnumeratedTPE([p for group in space.groups for p in group], **tpe)
                  if space.groups else optuna.samplers.TPESampler(**tpe))
-        return FeasibleSampler(model, space, seed=seed, startup_trials=STARTUP_TRIALS)
+        return FeasibleSampler(model, space, seed=seed,
+                               startup_trials=STARTUP_TRIALS + space.model_picks)
     if name == "model":
         if space is None or space.learned is None:
             raise ValueError("the model sampler needs the study's enumerated accepted configs "

@@ -31,8 +31,10 @@ from tuner.report import config_text
 from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.search.learned import LearnedSpace, capped, examples_from_database, unit_held_out
-from tuner.search.samplers import CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler
+from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
+                                  model_picks, unit_held_out)
+from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, SearchSpace,
+                                   make_sampler)
 from tuner.search.warmstart import warm_start_configs
 from tuner.search.writer import StoreWriter, done
 
@@ -221,7 +223,7 @@ def _enumerate(family: Any, arch: str, problem: Problem, sampler: str,
     accepted = enumcache.accepted(family, arch, cache_dir,
                                   lambda: _accepted_configs(family, arch))
     groups = (prior.group_configs(family, accepted, problem.m, problem.n, problem.k)
-              if sampler == "default" and accepted is not None else None)
+              if sampler in PRIOR_SAMPLERS and accepted is not None else None)
     return Startup(accepted, groups)
 
 
@@ -246,7 +248,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     started = time.perf_counter()
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir)
-    if sampler == "default" and startup.accepted is not None and sm_count >= 1:
+    if sampler in PRIOR_SAMPLERS and startup.accepted is not None and sm_count >= 1:
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
@@ -302,14 +304,20 @@ class _StudyRun:
         changes = self.shared.pull()
         history = changes.completed
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
-        learned = self._learned() if session.sampler == "model" else None
+        learned = self._learned() if session.sampler in ("model", "hybrid") else None
         # The model sampler starts from the static prior only with nothing to learn from.
         wants_startup = (len(history) < STARTUP_TRIALS
-                         and (session.sampler == "default"
+                         and (session.sampler in PRIOR_SAMPLERS
                               or (learned is not None and not learned.examples)))
+        startup = self._prior_startup() if wants_startup else []
+        picks: list[dict[str, int]] = []
+        if session.sampler == "hybrid" and wants_startup and learned is not None:
+            picks = model_picks(learned, family.name, HYBRID_PICKS, session.seed)
+            startup = picks + [p for p in startup if p not in picks]
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   self._prior_startup() if wants_startup else (),
-                                   self._geometry_groups(), learned)
+                                   startup, self._geometry_groups(),
+                                   learned if session.sampler == "model" else None,
+                                   model_picks=len(picks))
         self.study = optuna.create_study(
             direction="maximize",
             sampler=make_sampler(session.sampler,
