@@ -18,6 +18,7 @@ import pstats
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,6 +53,18 @@ def ask_cost(family_name: str, asks: int, window: int, profile: cProfile.Profile
     sampler = make_sampler("default", 0, SearchSpace(
         distributions, space.feasibility(family, ARCH), (), positions))
     study = optuna.create_study(direction="maximize", sampler=sampler)
+    asked, seconds = propose(study, family, asks, window, _value, profile)
+    late = seconds[WARM_ASKS:] or seconds
+    return len(accepted), sum(late) / len(late), digest(asked)
+
+
+def propose(study: optuna.Study, family: Any, asks: int, window: int,
+            value: Callable[[dict[str, int]], float], profile: cProfile.Profile | None = None
+            ) -> tuple[list[tuple[tuple[str, int], ...]], list[float]]:
+    """Ask ``asks`` times with ``window`` candidates in flight (constant liar sees RUNNING
+    trials), telling the oldest ``value(config)``: the proposals (sorted config items) and the
+    seconds of each ask (profiled after the first WARM_ASKS)."""
+    distributions = space.distributions(family)
     seconds, asked, in_flight = [], [], []
     for index in range(asks):
         started = time.perf_counter()
@@ -67,10 +80,12 @@ def ask_cost(family_name: str, asks: int, window: int, profile: cProfile.Profile
         in_flight.append((trial, config))
         if len(in_flight) >= window:
             done, done_config = in_flight.pop(0)
-            study.tell(done, _value(done_config))
-    late = seconds[WARM_ASKS:] or seconds
-    return (len(accepted), sum(late) / len(late),
-            hashlib.sha256(repr(asked).encode()).hexdigest()[:16])
+            study.tell(done, value(done_config))
+    return asked, seconds
+
+
+def digest(asked: list[tuple[tuple[str, int], ...]]) -> str:
+    return hashlib.sha256(repr(asked).encode()).hexdigest()[:16]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Loading bench/search_efficiency.py (a script, not a package) in tests."""
+"""Loading bench/ scripts (scripts, not a package) in tests."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "search_efficiency.py"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def search_efficiency() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("search_efficiency", BENCH)
+def bench_module(name: str) -> ModuleType:
+    """bench/<name>.py as a module (loaded once per test process)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def search_efficiency() -> ModuleType:
+    return bench_module("search_efficiency")

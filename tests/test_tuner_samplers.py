@@ -4,7 +4,6 @@ that warm-start trials do not shorten."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from optuna.trial import TrialState
 from tuner.measure.replay import ReplayEvaluator
 from tuner.problem import config_key
 from tuner.search import prior, space
+from bench_support import bench_module
 from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
                             _seen,
                             SearchSpace, make_sampler)
@@ -140,17 +140,9 @@ def _proposals_digest(grouped, asks: int, window: int) -> str:
     sampler = make_sampler("default", 3, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    asked, in_flight = [], []
-    for _ in range(asks):
-        trial = study.ask(space.distributions(WARPTILE))
-        config = space.config_from_params(WARPTILE, trial.params)
-        asked.append(tuple(sorted(config.items())))
-        trial.set_user_attr("state", "ok")
-        in_flight.append((trial, config))
-        if len(in_flight) >= window:
-            done, done_config = in_flight.pop(0)
-            study.tell(done, _speed(done_config))
-    return hashlib.sha256(repr(asked).encode()).hexdigest()[:16]
+    ask_cost = bench_module("ask_cost")
+    asked, _ = ask_cost.propose(study, WARPTILE, asks, window, _speed)
+    return ask_cost.digest(asked)
 
 
 def test_the_default_samplers_proposals_are_pinned(grouped):
