@@ -62,9 +62,9 @@ def _pool_workers() -> list[mp.process.BaseProcess]:
 def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
     session = _session(_Evaluator(), tmp_path / "cubins")
     with StartupPrefetch(session) as prefetch:
-        prefetch.start(BLOCKTILE1D, PROBLEM)
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
         assert prefetch.take(NAIVE, PROBLEM) is None  # not the one prepared: computed anew
-        prefetch.start(BLOCKTILE1D, PROBLEM)
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
         prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
         assert prefetch.take(BLOCKTILE1D, PROBLEM) is None  # taken once
     assert not _pool_workers()
@@ -104,11 +104,11 @@ def test_the_process_works_through_the_planned_studies_in_order_a_few_ahead(tmp_
 
 def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_path):
     with StartupPrefetch(_session(_Evaluator(), tmp_path / "cubins")) as prefetch:
-        prefetch.start(BLOCKTILE1D, PROBLEM)
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
         for process in _pool_workers():
             process.kill()
         assert prefetch.take(BLOCKTILE1D, PROBLEM) is None
-        prefetch.start(BLOCKTILE1D, PROBLEM)  # not again
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)])  # not again
         assert prefetch.take(BLOCKTILE1D, PROBLEM) is None and not _pool_workers()
 
 

@@ -76,10 +76,6 @@ class StartupPrefetch:
                             and (family.name, problem) not in self._jobs)
         self._top_up()
 
-    def start(self, family: Any, problem: Problem) -> None:
-        """Prepare ``family`` on ``problem`` next (the plan: that study alone)."""
-        self.plan([(family, problem)])
-
     def _top_up(self) -> None:
         session = self.session
         while self._queue and len(self._jobs) < AHEAD and not self._broken:

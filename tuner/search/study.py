@@ -304,9 +304,12 @@ class _StudyRun:
         changes = self.shared.pull()
         history = changes.completed
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
-        learned = self._learned() if session.sampler in ("model", "hybrid") else None
+        resumed = len(history) >= STARTUP_TRIALS
+        # hybrid only needs the model for its start-up picks
+        learned = (self._learned() if session.sampler == "model"
+                   or (session.sampler == "hybrid" and not resumed) else None)
         # The model sampler starts from the static prior only with nothing to learn from.
-        wants_startup = (len(history) < STARTUP_TRIALS
+        wants_startup = (not resumed
                          and (session.sampler in PRIOR_SAMPLERS
                               or (learned is not None and not learned.examples)))
         startup = self._prior_startup() if wants_startup else []
@@ -372,7 +375,7 @@ class _StudyRun:
                  sum(e.family == self.family.name for e in examples), self.family.name)
         return LearnedSpace.build(
             self.family, self.accepted_all,
-            [space.params_from_config(self.family, c) for c in self.accepted_all],
+            space.params_from_configs(self.family, self.accepted_all),
             self.problem, target, examples)
 
     def _prior_startup(self) -> list[dict[str, int]]:
