@@ -15,6 +15,7 @@ import pytest
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import DEFAULT_SHAPES, Problem
 from tuner.run.cli import parse_args
+from tuner.run.options import DEFAULT_TOTAL_SECONDS
 from tuner.run.tune import tune
 from tuner.search.samplers import missing_packages
 
@@ -37,7 +38,7 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
 def test_help_explains_every_option():
     result = run_tuner("--help")
     assert result.returncode == 0
-    for option in ("--gpu", "--kernel", "--shape", "--trials", "--timeout", "--patience",
+    for option in ("--gpu", "--kernel", "--shape", "--trials", "--timeout", "--budget", "--patience",
                    "--sampler", "--seed", "--db", "--storage", "--cache", "--dry-run",
                    "--verbose", "tpe", "cmaes", "random", "default"):
         assert option in result.stdout
@@ -55,6 +56,8 @@ def test_help_explains_every_option():
         (["--kernel", "fastest"], ["'fastest'", *kernels.FAMILIES]),
         (["--trials", "0"], ["--trials", "positive integer"]),
         (["--timeout", "-5"], ["--timeout", "positive"]),
+        (["--budget", "0"], ["--budget", "positive"]),
+        (["--budget", "60", "--timeout", "5"], ["--timeout", "not allowed with", "--budget"]),
         (["--patience", "-1"], ["--patience", "0 or more"]),
         (["--sampler", "annealing"], ["annealing", "tpe", "gp", "cmaes", "random"]),
     ],
@@ -87,6 +90,13 @@ def test_defaults_and_repeated_options():
                        "--shape", "8x16x32", "--shape", "1023X1025X999"])
     assert [f.name for f in args.families] == ["smem", "naive"]
     assert args.problems == [Problem(8, 16, 32), Problem(1023, 1025, 999)]
+
+
+def test_budget_is_the_time_the_studies_share_and_timeout_bounds_each_instead():
+    assert parse_args([]).budget.total_seconds() == DEFAULT_TOTAL_SECONDS
+    assert parse_args(["--budget", "420"]).budget.total_seconds() == 420
+    timed = parse_args(["--timeout", "9"]).budget
+    assert timed.total_seconds() is None and timed.study_budget().timeout_s == 9
 
 
 def test_bad_input_through_the_command_stores_nothing(tmp_path):

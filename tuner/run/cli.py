@@ -94,9 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, metavar="N",
                         help="measured configs per study, counted over all runs of the study, "
                              "so running again resumes up to it (default: %(default)s)")
-    parser.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
-                        help="wall time per study in this run (default: the studies share "
-                             f"{DEFAULT_TOTAL_SECONDS:g} s, leftovers passing on)")
+    time_limit = parser.add_mutually_exclusive_group()
+    time_limit.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                            help="wall time per study in this run (default: the studies share "
+                                 "--budget, leftovers passing on)")
+    time_limit.add_argument("--budget", type=_positive_seconds, default=DEFAULT_TOTAL_SECONDS,
+                            metavar="SECONDS",
+                            help="wall time all studies of this run share, a study that stops "
+                                 "early passing its leftover to the next (default: %(default)g; "
+                                 "start-up, cuBLAS baselines and references come on top)")
     parser.add_argument("--patience", type=_non_negative_int, default=DEFAULT_PATIENCE,
                         metavar="N",
                         help="stop a study after N measured configs without a new best "
@@ -210,7 +216,8 @@ def _options(args: argparse.Namespace, families: list, words: list[str]) -> Opti
         replay=args.replay,
         command=shlex.join(["python", "-m", "tuner", *words]),
         verbose=args.verbose,
-        budget=BudgetOptions(trials=args.trials, timeout_s=args.timeout, patience=args.patience),
+        budget=BudgetOptions(trials=args.trials, timeout_s=args.timeout, patience=args.patience,
+                             total_s=args.budget),
         search=SearchOptions(sampler=args.sampler, seed=args.seed),
         stores=StoreOptions(db_url=args.db,
                             storage_url=args.storage or os.environ.get("GEMMTUNE_STORAGE") or None,

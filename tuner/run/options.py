@@ -36,11 +36,12 @@ DEFAULT_STALE_AFTER_S = 300.0  # a heartbeat older than this: its worker is take
 
 @dataclass(frozen=True)
 class BudgetOptions:
-    """--trials, --timeout, --patience: how long each study may search."""
+    """--trials, --timeout, --budget, --patience: how long each study may search."""
 
     trials: int = DEFAULT_TRIALS  # measured configs per study, over all its runs
-    timeout_s: float | None = None  # per study in this run; None: the studies share a total
+    timeout_s: float | None = None  # per study in this run; None: the studies share total_s
     patience: int = DEFAULT_PATIENCE  # 0: the rule is off
+    total_s: float = DEFAULT_TOTAL_SECONDS  # shared by the studies unless timeout_s is given
 
     def study_budget(self) -> Budget:
         return Budget(trials=self.trials, timeout_s=self.timeout_s,
@@ -48,7 +49,7 @@ class BudgetOptions:
 
     def total_seconds(self) -> float | None:
         """The wall time the command's studies share (None: --timeout bounds each instead)."""
-        return None if self.timeout_s is not None else DEFAULT_TOTAL_SECONDS
+        return None if self.timeout_s is not None else self.total_s
 
     def for_job(self, job_budget: Mapping[str, Any]) -> tuple[Budget, float | None]:
         """A job's study budget and shared wall time: what the job's budget gives, these options
