@@ -10,6 +10,10 @@
     # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
+    # warm start across GPU models (issue 17 part 2), e.g. the H200 warm-started from the H100:
+    python bench/search_efficiency.py --samplers default --cross-model --kernel-tuner none \
+        --recording tests/data/recordings/h200-splitk.json.gz \
+        --recording tests/data/recordings/h100-splitk.json.gz
 
 For every (family, shape) of every recording in tests/data/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
@@ -23,12 +27,26 @@ compile_error, launch_error, wrong_result, timeout, crashed). Configs the family
 reject cost nothing (never compiled nor run) and proposals of an already measured config are
 answered from the study: neither is counted. ``missing`` cannot happen on a full recording.
 
+Recordings of several GPU models (the header's ``gpu.name``) may be given together. Every row
+but ``default+xmodel`` sees only the searched GPU model's recordings (``Job.others``, ``plan``):
+no other model's measurement, of the same problem least of all, reaches its warm start or
+training, so leave-one-out stays leave-one-out and nothing is stored under the wrong GPU.
+
 The ``model`` sampler (tuner.search.learned) learns from measurements of other problems: here
-every measured config of every recorded problem except the one searched — all of its families
-on that GPU model are held out (leave-one-out, ``training_for``). Each row says whether its
+every measured config of every recorded problem of the same GPU model except the one searched —
+all of its families are held out (leave-one-out, ``training_for``). Each row says whether its
 sampler was fitted on the recording it is measured on (``fit_kind``): ``in-sample`` for the
 default's rows on the recordings its constants were chosen on (``DESIGN_RECORDINGS``),
 ``leave-one-out`` for the model's, ``-`` where nothing was fitted (random, Optuna's own).
+
+Warm-started rows run the default sampler with the tuner's own ``warm_start_configs`` on a fresh
+database seeded with recorded optima (as finished runs): ``default+warm`` (``--warm-start``)
+with the family's optimum on every OTHER problem recorded on the same GPU model;
+``default+xmodel`` (``--cross-model``, issue 17 part 2) with the family's optimum on every
+problem each OTHER GPU model's recording holds, the searched one included (what a service that
+tuned that model knows), stored under that model's GPU — nothing of the searched model. Its
+pairs without another model's recording of the family are listed as skipped; its target: median
+evaluations to 3% at most half the cold ``default`` row's (``cross_model_target``).
 
 Kernel Tuner reference rows (``kt:STRATEGY``, ``--kernel-tuner``; on by default when the
 ``kernel_tuner`` package is importable): the same (recording, family, shape) written as a Kernel
@@ -76,7 +94,11 @@ COSTLESS = ("rejected", "missing")
 # Here that is the recorded optimum of the same family on every OTHER recorded problem (real
 # measurements, leave-one-out: never the problem being searched), in a fresh database per run.
 WARM = "default+warm"
-UNCAPPED = ("default", "model", "hybrid", "random", WARM)  # the target check compares these
+# The default as a service that has tuned other GPU models starts on a new one (issue 17 part
+# 2): warm-started from the family's recorded optima of every OTHER GPU model's recordings (the
+# searched problem included, stored under that model's GPU), nothing of the searched model.
+XMODEL = "default+xmodel"
+UNCAPPED = ("default", "model", "hybrid", "random", WARM, XMODEL)  # the target checks compare these
 CHECKED = ("default", "model", "hybrid", WARM)  # rows the target check holds against random
 # The recordings the default sampler's constants (tuner.search.prior, GROUP_TRIES, …) were
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
@@ -106,7 +128,9 @@ class Job:
     sampler: str
     seed: int
     max_evals: int
-    others: tuple[str, ...] = ()  # recordings whose other problems warm-start a WARM run
+    # recordings of the searched GPU model: a WARM run's seed, the model's training
+    others: tuple[str, ...] = ()
+    other_models: tuple[str, ...] = ()  # recordings of other GPU models: an XMODEL run's seed
     batch: int = 1  # candidates asked ahead of the results (the live tuner's compile window)
 
 
@@ -165,12 +189,15 @@ def run_one(job: Job) -> dict[str, Any]:
     stop = StopRequest()
     evaluator = _StopNearOptimum(replay, optimum * (1 - min(THRESHOLDS)), stop)
     info = replay.info()
-    warm = job.sampler == WARM
-    scratch = None
-    if warm:  # a database of its own: only the other problems' optima, nothing of this one
+    warm = job.sampler in (WARM, XMODEL)
+    scratch, warm_from = None, []
+    if warm:  # a database of its own: only what the row may know, nothing of this problem
         scratch = tempfile.TemporaryDirectory(prefix="gemmtune-warm-", dir=_WORKER["dir"].name)
         database = db.open_database(f"sqlite:///{scratch.name}/warm.sqlite")
-        _seed_other_optima(database, job, info)
+        if job.sampler == WARM:
+            _seed_other_optima(database, job, info)
+        else:
+            warm_from = _seed_other_models(database, job)
     training = (training_for(job, str(info["name"])) if job.sampler in ("model", "hybrid")
                 else None)
     session = Session(
@@ -203,20 +230,39 @@ def run_one(job: Job) -> dict[str, Any]:
             "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
             "batch": job.batch,
             "evaluations": len(curve), "max_evals": job.max_evals, "asked": len(trials), "seconds": seconds,
-            "reached": {f"{t:.0%}": _first_reach(curve, t) for t in THRESHOLDS}}
+            "reached": {f"{t:.0%}": _first_reach(curve, t) for t in THRESHOLDS},
+            **({"warm_from": warm_from} if job.sampler == XMODEL else {})}
 
 
 def training_for(job: Job, gpu: str) -> list[Any]:
     """What the model sampler learns from in ``job``: every measured config of every recorded
-    problem except the one searched (all its families, on that GPU model: leave-one-out)."""
+    problem of the searched GPU model except the one searched (all its families: leave-one-out).
+    Only that model's: problem_held_out holds out the searched shape on ``gpu`` alone, so another
+    model's recording of the same problem would reach the fit."""
     from tuner.search.learned import examples_from_recordings, problem_held_out
 
-    return examples_from_recordings([_worker_state(path)[1] for path in job.others],
-                                    problem_held_out(gpu, job.problem.shape))
+    return examples_from_recordings(_same_model(job), problem_held_out(gpu, job.problem.shape))
 
 
-def fit_kind(sampler: str, recording: str) -> str:
-    """Whether a row's sampler was fitted on the recording it is measured on."""
+def _gpu_model(recording: Recording) -> str:
+    return str(recording.gpu["name"])
+
+
+def _same_model(job: Job) -> list[Recording]:
+    """job.others, loaded; each must be of the searched GPU model (a plain row's whole world)."""
+    model = _gpu_model(_worker_state(job.recording)[1])
+    recordings = [_worker_state(path)[1] for path in job.others]
+    strays = sorted({_gpu_model(r) for r in recordings} - {model})
+    if strays:
+        raise ValueError(f"{job}: others of another GPU model ({', '.join(strays)}) than {model}")
+    return recordings
+
+
+def fit_kind(sampler: str, recording: str, warm_from: list[str] | None = None) -> str:
+    """Whether a row's sampler was fitted on the recording it is measured on (an XMODEL row:
+    which GPU models' optima it started from, ``warm_from``)."""
+    if sampler == XMODEL:
+        return f"warm-started from {', '.join(warm_from or ['-'])}"
     if sampler == "model":
         return "leave-one-out"
     if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the default's
@@ -228,29 +274,58 @@ def fit_kind(sampler: str, recording: str) -> str:
 
 def _seed_other_optima(database: Any, job: Job, info: dict[str, Any]) -> None:
     """Store, as finished runs, the recorded optimum of job.family on every other recorded
-    problem (same GPU model): what a service that had tuned those shapes would know."""
+    problem of the searched GPU model (``info``): what a service that had tuned those shapes on
+    it would know."""
     import db
 
     gpu_id = database.ensure_gpu(db.GpuInfo(**info))
-    for path in job.others:
+    for path, recording in zip(job.others, _same_model(job)):
+        _store_optima(database, gpu_id, path, recording, job.family, skip=job.problem)
+
+
+def _seed_other_models(database: Any, job: Job) -> list[str]:
+    """Store the recorded optimum of job.family on every problem each other GPU model's
+    recording holds (the searched one included: a service that tuned it on that model knows
+    it), under that recording's own GPU; returns those GPU models."""
+    import db
+
+    models = []
+    for path in job.other_models:
         recording = _worker_state(path)[1]
-        header = recording.families.get(job.family)
-        if header is None:
+        if _gpu_model(recording) == _gpu_model(_worker_state(job.recording)[1]):
+            raise ValueError(f"{job}: {Path(path).name} is of the searched GPU model")
+        gpu_id = database.ensure_gpu(db.GpuInfo(**recording.gpu))
+        if _store_optima(database, gpu_id, path, recording, job.family):
+            models.append(_gpu_model(recording))
+    return sorted(set(models))
+
+
+def _store_optima(database: Any, gpu_id: int, path: str, recording: Recording, family: str,
+                  skip: Problem | None = None) -> int:
+    """Store, as one finished run each, the recorded optimum of ``family`` on every problem of
+    ``recording`` but ``skip``, under ``gpu_id``; returns how many."""
+    import db
+
+    header = recording.families.get(family)
+    if header is None:
+        return 0
+    stored = 0
+    for recorded, problem in recording.pairs():
+        if recorded != family or problem == skip:
             continue
-        for family, problem in recording.pairs():
-            if family != job.family or problem == job.problem:
-                continue
-            config, _ = recording.optimum(family, problem)  # type: ignore[misc]
-            result = recording.result(family, problem, config)
-            run_id = database.start_run(
-                gpu_id=gpu_id, problem_id=database.ensure_problem(problem.m, problem.n, problem.k),
-                family_id=database.ensure_family(family, header.source_hash), sampler="recorded",
-                seed=None, budget={}, host="bench", command=f"recorded optimum ({Path(path).name})",
-                study_name=None)
-            database.add_trial(run_id, db.TrialRecord(
-                number=0, params=config, state="ok", time_median_ms=result.time_median_ms,
-                gflops=result.gflops))
-            database.finish_run(run_id, "finished")
+        config, _ = recording.optimum(family, problem)  # type: ignore[misc]
+        result = recording.result(family, problem, config)
+        run_id = database.start_run(
+            gpu_id=gpu_id, problem_id=database.ensure_problem(problem.m, problem.n, problem.k),
+            family_id=database.ensure_family(family, header.source_hash), sampler="recorded",
+            seed=None, budget={}, host="bench", command=f"recorded optimum ({Path(path).name})",
+            study_name=None)
+        database.add_trial(run_id, db.TrialRecord(
+            number=0, params=config, state="ok", time_median_ms=result.time_median_ms,
+            gflops=result.gflops))
+        database.finish_run(run_id, "finished")
+        stored += 1
+    return stored
 
 
 def _first_reach(curve: list[float], threshold: float) -> int | None:
@@ -504,7 +579,8 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for recording, family, shape, sampler in order:
         runs = groups[(recording, family, shape, sampler)]
         row: dict[str, Any] = {"recording": recording, "family": family, "shape": shape,
-                               "sampler": sampler, "fit": fit_kind(sampler, recording),
+                               "sampler": sampler,
+                               "fit": fit_kind(sampler, recording, runs[0].get("warm_from")),
                                "runs": len(runs),
                                "max_evals": max(r["max_evals"] for r in runs),
                                "seconds_per_run": statistics.mean(r["seconds"] for r in runs)}
@@ -567,6 +643,24 @@ def target_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return checks
 
 
+def cross_model_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 17 part 2's target at 3%, per pair with an XMODEL row: warm-started from other GPU
+    models, median at most half the cold default's."""
+    checks = []
+    by_key = {(r["recording"], r["family"], r["shape"], r["sampler"]): r for r in rows}
+    for (recording, family, shape, sampler), row in by_key.items():
+        cold = by_key.get((recording, family, shape, "default"))
+        if sampler != XMODEL or cold is None:
+            continue
+        x, d = row["3%"]["median"], cold["3%"]["median"]
+        checks.append({"recording": recording, "family": family, "shape": shape,
+                       "sampler": sampler, "fit": row["fit"], "xmodel_median": x,
+                       "cold_median": d, "ratio": (x / d) if math.isfinite(x) and
+                       math.isfinite(d) else None,
+                       "met": math.isfinite(x) and x * 2 <= d})
+    return checks
+
+
 def _finite(value: Any) -> Any:
     """JSON has no infinity: a threshold never reached is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -582,6 +676,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
     """Print the table and the target check, and write them with every run as JSON."""
     rows = summarize(results)
     checks = target_check(rows)
+    cross_checks = cross_model_check(rows)
     table = [[r["family"], r["shape"], r["sampler"], r.get("fit", "-"),
               *(f"{_cell(r[f'{t:.0%}']['median'], r['max_evals'])} / "
                 f"{_cell(r[f'{t:.0%}']['p90'], r['max_evals'])}" for t in THRESHOLDS),
@@ -610,6 +705,11 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
               f"{check.get('fit', '-')}): {check['family']} {check['shape']}: "
               f"{check['default_median']:g} vs {check['random_median']:g} -> "
               f"{'met' if check['met'] else 'NOT met'}{p90}{kt}")
+    for check in cross_checks:
+        print(f"target ({XMODEL} <= default/2 at 3%, {check['fit']}): {check['recording']} "
+              f"{check['family']} {check['shape']}: {check['xmodel_median']:g} vs "
+              f"{check['cold_median']:g} -> "
+              f"{'met' if check['met'] else 'NOT met'}")
     for name, why in meta.get("skipped_samplers", {}).items():
         print(f"sampler {name} skipped: {why}")
     for text in meta.get("skipped_pairs", []):
@@ -622,13 +722,17 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
                 "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
                 "optimum; one tuner search loop per run, cold (no warm start) except the "
                 "default+warm rows (warm-started from the family's recorded optima on the other "
-                "recorded problems); null: not reached within "
+                "recorded problems of the same GPU model) and the default+xmodel rows "
+                "(warm-started from the family's recorded optima of other GPU models, the "
+                "searched problem included; cross_model_target: their median to 3% at most "
+                "half the cold default's); null: not reached within "
                 "the row's max_evals (the whole space for default, random and the kt: rows, "
                 "the --reference-max-evals cap for tpe, gp and cmaes); kt:STRATEGY rows: "
                 "Kernel Tuner's strategy in simulation mode on the recording written as its "
                 "cache, counting the unique configs its runner served; kernel_tuner_best: "
                 "per pair, the kt: row with the lowest median to 3%",
-        **meta, "summary": rows, "target": checks, "kernel_tuner_best": best_kt,
+        **meta, "summary": rows, "target": checks, "cross_model_target": cross_checks,
+        "kernel_tuner_best": best_kt,
         "runs": results,
     }), indent=1, allow_nan=False))
     print(f"wrote {out}", file=sys.stderr)
@@ -694,12 +798,52 @@ def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[s
     return chosen, skipped
 
 
+def plan(paths: list[str], samplers: list[str], args: argparse.Namespace
+         ) -> tuple[list[Job], dict[tuple[str, str, str], int], list[str]]:
+    """The runs, each pair's cap, and the pairs (or rows) skipped with why. A row's others are
+    the recordings of the searched GPU model only (leave-one-out stays within the model: no
+    other model's measurements of the same problem reach a plain row); an XMODEL row's
+    other_models are the other models' recordings that hold its family."""
+    recordings = {path: load(path) for path in paths}
+    jobs: list[Job] = []
+    caps: dict[tuple[str, str, str], int] = {}
+    unusable: list[str] = []
+    for path, recording in recordings.items():
+        model = _gpu_model(recording)
+        same = tuple(p for p, r in recordings.items() if _gpu_model(r) == model)
+        for family, problem in recording.pairs():
+            if args.family and family not in args.family:
+                continue
+            header = recording.families[family]
+            where = f"{Path(path).name} {family} {problem.shape}"
+            if header.selection.mode != "full":
+                unusable.append(f"{where}: {header.selection.text}; its optimum is not the space's")
+                continue
+            space = sum(1 for _ in recording.results(family, problem))
+            cap = min(space, args.max_evals or space)
+            caps[(Path(path).name, family, problem.shape)] = cap
+            other = tuple(p for p, r in recordings.items()
+                          if _gpu_model(r) != model and family in r.families)
+            runs = samplers + ([WARM] if args.warm_start else [])
+            if args.cross_model and other:
+                runs.append(XMODEL)
+            elif args.cross_model:
+                unusable.append(f"{where}: no {XMODEL} row: no recording of another GPU model "
+                                f"than {model} holds {family}")
+            jobs += [Job(path, family, problem, s, seed,
+                         cap if s in UNCAPPED or s.startswith(KT)
+                         else min(cap, args.reference_max_evals or cap),
+                         same, other if s == XMODEL else (), args.batch)
+                     for s in runs for seed in range(args.seeds)]
+    return jobs, caps, unusable
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recording", action="append", default=[], metavar="FILE",
                         help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
     parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS,
-                        help="samplers to run (none: only the --warm-start rows)")
+                        help="samplers to run (none: only the --warm-start and --cross-model rows)")
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
                         help="only these kernel families of the recordings (default: all)")
     parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
@@ -714,6 +858,13 @@ def main(argv: list[str] | None = None) -> int:
                              "from the family's recorded optima on the other recorded problems "
                              "(leave-one-out), as the tuner starts in a service that has tuned "
                              "other shapes")
+    parser.add_argument("--cross-model", action="store_true",
+                        help=f"add a '{XMODEL}' row per pair that another GPU model's recording "
+                             "holds the family of: the default sampler warm-started from that "
+                             "model's recorded optima of the family (the searched problem "
+                             "included), as the tuner starts on a new GPU model in a service "
+                             "that has tuned another (issue 17: target <= half the cold "
+                             "default's measurements to 3%%)")
     parser.add_argument("--kernel-tuner", nargs="+", default=None, metavar="STRATEGY",
                         help="Kernel Tuner strategies to add as kt:STRATEGY rows: names, 'all' "
                              "(every strategy Kernel Tuner offers), or 'none'; default: "
@@ -747,31 +898,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped |= kt_skipped
     samplers += strategies
 
-    jobs: list[Job] = []
-    caps: dict[tuple[str, str, str], int] = {}
-    unusable: list[str] = []
-    for path in paths:
-        recording = load(path)
-        for family, problem in recording.pairs():
-            if args.family and family not in args.family:
-                continue
-            header = recording.families[family]
-            if header.selection.mode != "full":
-                unusable.append(f"{Path(path).name} {family} {problem.shape}: "
-                                f"{header.selection.text}; its optimum is not the space's")
-                continue
-            space = sum(1 for _ in recording.results(family, problem))
-            cap = min(space, args.max_evals or space)
-            caps[(Path(path).name, family, problem.shape)] = cap
-            runs = samplers + ([WARM] if args.warm_start else [])
-            jobs += [Job(path, family, problem, s, seed,
-                         cap if s in UNCAPPED or s.startswith(KT)
-                         else min(cap, args.reference_max_evals or cap),
-                         tuple(paths), args.batch)
-                     for s in runs for seed in range(args.seeds)]
-    rows_per_pair = len(samplers) + args.warm_start
-    print(f"{len(jobs)} runs ({len(caps)} family/shape pairs x {rows_per_pair} samplers x "
-          f"{args.seeds} seeds) on {args.workers} processes", file=sys.stderr)
+    jobs, caps, unusable = plan(paths, samplers, args)
+    print(f"{len(jobs)} runs ({len(caps)} family/shape pairs, {args.seeds} seeds per row) on "
+          f"{args.workers} processes", file=sys.stderr)
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
@@ -790,8 +919,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {index}/{len(jobs)} runs, {time.monotonic() - started:.0f} s",
                       file=sys.stderr)
     # no row for a (pair, strategy) with a failed run: a row over the other seeds would mislead
-    runs_per_sampler = len(jobs) // max(1, len(samplers) + args.warm_start)
-    failed = {name: f"{failures[name]} of {runs_per_sampler} runs raised {why}; no row for "
+    failed = {name: f"{failures[name]} of {sum(j.sampler == name for j in jobs)} runs raised "
+                    f"{why}; no row for "
                     + ", ".join(" ".join(row[1:3]) for row in sorted(broken_rows)
                                 if row[3] == name)
               for name, why in failed.items()}
