@@ -677,7 +677,9 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
     rows = summarize(results)
     checks = target_check(rows)
     cross_checks = cross_model_check(rows)
-    table = [[r["family"], r["shape"], r["sampler"], r.get("fit", "-"),
+    # the recording names the GPU model: H100 and H200 rows of one shape differ only there
+    table = [[r["recording"].removesuffix(".json.gz"), r["family"], r["shape"], r["sampler"],
+              r.get("fit", "-"),
               *(f"{_cell(r[f'{t:.0%}']['median'], r['max_evals'])} / "
                 f"{_cell(r[f'{t:.0%}']['p90'], r['max_evals'])}" for t in THRESHOLDS),
               f"{r['seconds_per_run']:.1f}"] for r in rows]
@@ -688,7 +690,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
           f"configs in at least that share of the runs; N is the whole accepted space for "
           f"default, random and Kernel Tuner's strategies (kt:), and the "
           f"--reference-max-evals cap for Optuna's own samplers:")
-    print(format_table(["family", "shape", "sampler", "fitted on it",
+    print(format_table(["recording", "family", "shape", "sampler", "fitted on it",
                         *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
     best_kt = best_kernel_tuner(rows)
     for best in best_kt:
