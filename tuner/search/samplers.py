@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import threading
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 import optuna
@@ -65,6 +67,35 @@ MAX_DRAWS = 30
 GROUP_TRIES = 4
 
 Params = Mapping[str, Any]
+T = TypeVar("T")
+
+
+class Deferred(Generic[T]):
+    """A value computed on a daemon thread from construction on; ``get`` waits for it and
+    raises what the computation raised. A study's sampler tables (O(accepted configs) of
+    Python) are first needed after its start-up trials, so they are built while those measure
+    instead of between studies, with the GPU idle (issue 19)."""
+
+    def __init__(self, compute: Callable[[], T], name: str = "gemmtune-deferred") -> None:
+        self._future: Future[T] = Future()
+        threading.Thread(target=self._run, args=(compute,), name=name, daemon=True).start()
+
+    def _run(self, compute: Callable[[], T]) -> None:
+        try:
+            self._future.set_result(compute())
+        except BaseException as error:  # handed to whoever asks for the value
+            self._future.set_exception(error)
+
+    def get(self) -> T:
+        return self._future.result()
+
+
+Groups = Sequence[Sequence[Params]]
+
+
+def resolved(value: T | Deferred[T]) -> T:
+    """``value``, waiting for it where it is still being computed."""
+    return value.get() if isinstance(value, Deferred) else value
 
 
 @dataclass(frozen=True)
@@ -77,8 +108,9 @@ class SearchSpace:
     # (tuner.search.prior: a static estimate from geometry and compile-time resources)
     startup: Sequence[Params] = ()
     # params (positions) of every accepted config, partitioned by geometry
-    # (tuner.search.prior.group_configs); empty where the space is not enumerated
-    groups: Sequence[Sequence[Params]] = ()
+    # (tuner.search.prior.group_configs), or their Deferred computation; empty where the space
+    # is not enumerated
+    groups: Groups | Deferred[Groups] = ()
     # the model sampler's accepted configs, features and examples of other problems
     # (tuner.search.learned.LearnedSpace); None for the other samplers
     learned: Any = None
@@ -99,8 +131,10 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
         if space is None:
             raise ValueError(f"the {name} sampler needs the study's SearchSpace")
         tpe = dict(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=0)
-        model = (EnumeratedTPE([p for group in space.groups for p in group], **tpe)
-                 if space.groups else optuna.samplers.TPESampler(**tpe))
+        groups = space.groups
+        model = (EnumeratedTPE(Deferred(lambda: [p for group in resolved(groups) for p in group]),
+                               names=list(_varying(space.distributions)), **tpe)
+                 if groups else optuna.samplers.TPESampler(**tpe))
         return FeasibleSampler(model, space, seed=seed,
                                startup_trials=STARTUP_TRIALS + space.model_picks)
     if name == "model":
@@ -123,6 +157,11 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
+
+
+def _varying(distributions: Mapping[str, BaseDistribution]) -> dict[str, BaseDistribution]:
+    """The parameters with more than one value: the joint search space of the model."""
+    return {name: d for name, d in distributions.items() if not d.single()}
 
 
 def _key(params: Params) -> tuple[tuple[str, int], ...]:
@@ -195,17 +234,28 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     measured or in flight, weighted by l(x) — TPE's own candidate distribution restricted to
     what can run — and ranked by TPE's l(x)/g(x). Everything else is TPESampler's: the split
     into good and bad trials, the Parzen estimators and their bandwidths, constant liar. It
-    overrides TPESampler's private ``_sample`` and uses its helpers (hence ``optuna<6``)."""
+    overrides TPESampler's private ``_sample`` and uses its helpers (hence ``optuna<6``).
 
-    def __init__(self, accepted: Sequence[Params], **kwargs: Any) -> None:
+    ``names``: the search space's parameter names where known ahead; the table over them is
+    then built on a thread from construction on (``Deferred``), else at the first ask."""
+
+    def __init__(self, accepted: Sequence[Params] | Deferred[Sequence[Params]],
+                 names: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.accepted = [dict(p) for p in accepted]
+        self._prepared = Deferred(lambda: _prepare_table(resolved(accepted), names),
+                                  "gemmtune-tpe-table")
         self._table: _Table | None = None
+
+    @property
+    def accepted(self) -> list[dict[str, Any]]:
+        return self._prepared.get()[0]
 
     def _table_over(self, names: Sequence[str]) -> _Table:
         """The accepted configs over ``names`` as arrays (built once per search space): an ask
         then selects its candidates with a mask instead of a Python pass over 10⁴-10⁵ configs,
         which cost most of its time (issue 19)."""
+        if self._table is None:
+            self._table = self._prepared.get()[1]
         if self._table is None or self._table.names != tuple(names):
             self._table = _Table.build(self.accepted, names)
         return self._table
@@ -235,6 +285,12 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
         return {n: search_space[n].to_external_repr(best[n]) for n in names}
 
 
+def _prepare_table(accepted: Sequence[Params], names: Sequence[str] | None
+                   ) -> tuple[list[dict[str, Any]], _Table | None]:
+    configs = [dict(p) for p in accepted]
+    return configs, None if names is None else _Table.build(configs, names)
+
+
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
     ``startup_trials`` (warm-start trials not counted; asks made while those are still in
@@ -252,12 +308,15 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.model, self.space = model, space
         self.startup_trials = startup_trials
         self.rng = random.Random(seed)
-        self.varying = {name: d for name, d in space.distributions.items() if not d.single()}
-        # the groups over the varying parameters (what the study's trials hold)
-        self.groups = [[{n: int(p[n]) for n in self.varying} for p in group]
-                       for group in space.groups]
-        self.group_of = {_key(p): index for index, group in enumerate(self.groups)
-                         for p in group}
+        self.varying = _varying(space.distributions)
+        # the groups over the varying parameters (what the study's trials hold), and each
+        # member's group: first needed after the start-up, so built meanwhile
+        self._grouped = Deferred(lambda: self._index(resolved(space.groups)), "gemmtune-groups")
+
+    def _index(self, groups: Groups) -> tuple[list[list[dict[str, int]]],
+                                              dict[tuple[tuple[str, int], ...], int]]:
+        members = [[{n: int(p[n]) for n in self.varying} for p in group] for group in groups]
+        return members, {_key(p): index for index, group in enumerate(members) for p in group}
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -299,13 +358,14 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         """An unseen member of the geometry group of the best measured config, while that group
         has fewer than ``GROUP_TRIES`` measured; {} otherwise."""
         scored = [t for t in measured if t.value is not None and set(names) <= t.params.keys()]
-        if not scored or not self.group_of:
+        groups, group_of = self._grouped.get()
+        if not scored or not group_of:
             return {}
         best = max(scored, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-        index = self.group_of.get(_key({n: best.params[n] for n in names}))
+        index = group_of.get(_key({n: best.params[n] for n in names}))
         if index is None:
             return {}
-        members = self.groups[index]
+        members = groups[index]
         if sum(1 for p in members if _key(p) in seen) >= GROUP_TRIES:
             return {}
         left = [p for p in members if _key(p) not in seen]

@@ -33,8 +33,8 @@ from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
                                   model_picks, unit_held_out)
-from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, SearchSpace,
-                                   make_sampler)
+from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, Deferred,
+                                   SearchSpace, make_sampler)
 from tuner.search.warmstart import warm_start_configs
 from tuner.search.writer import StoreWriter, done
 
@@ -317,8 +317,10 @@ class _StudyRun:
         if session.sampler == "hybrid" and wants_startup and learned is not None:
             picks = model_picks(learned, family.name, HYBRID_PICKS, session.seed)
             startup = picks + [p for p in startup if p not in picks]
+        # the groups' positions are first needed after the start-up: computed meanwhile
+        groups = Deferred(self._geometry_groups, "gemmtune-groups") if self.groups else ()
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   startup, self._geometry_groups(),
+                                   startup, groups,
                                    learned if session.sampler == "model" else None,
                                    model_picks=len(picks))
         self.study = optuna.create_study(
