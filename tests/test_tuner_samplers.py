@@ -156,6 +156,19 @@ def test_the_default_samplers_proposals_are_pinned(grouped):
     assert _proposals_digest(grouped, 40, 5, deferred=True) == "2c8f5752cb28dc64"
 
 
+def test_a_deferred_value_starts_with_its_source_or_when_asked_for():
+    calls: list[str] = []
+    source = Deferred(lambda: calls.append("source") or 2, start=False)
+    doubled = source.then(lambda value: calls.append("doubled") or 2 * value, "doubled")
+    assert not doubled._future.done() and calls == []  # nothing runs before the start
+    source.start()
+    assert doubled._future.result(timeout=10) == 4 and calls == ["source", "doubled"]
+    # derived from a source already started: starts at once
+    assert source.then(lambda value: value + 1, "late")._future.result(timeout=10) == 3
+    # asked for before its owner started it: computed, not waited for forever
+    assert Deferred(lambda: 7, start=False).get() == 7
+
+
 def test_the_tables_built_in_the_background_are_the_ones_built_inline(grouped):
     """The TPE table and the group index are built on threads from the sampler's construction
     on (issue 19): the same arrays and dicts as built on the asking thread."""

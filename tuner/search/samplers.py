@@ -68,34 +68,69 @@ GROUP_TRIES = 4
 
 Params = Mapping[str, Any]
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 class Deferred(Generic[T]):
-    """A value computed on a daemon thread from construction on; ``get`` waits for it and
-    raises what the computation raised. A study's sampler tables (O(accepted configs) of
-    Python) are first needed after its start-up trials, so they are built while those measure
-    instead of between studies, with the GPU idle (issue 19)."""
+    """A value computed on a daemon thread once started (at construction unless
+    ``start=False``); ``get`` waits for it (starting it if nobody did) and raises what the
+    computation raised. A study's sampler tables (O(accepted configs) of Python) are first
+    needed after its start-up trials, so they are built while those measure instead of
+    between studies, with the GPU idle (issue 19); the study starts them once the GPU has work,
+    so that their GIL time does not slow its own start."""
 
-    def __init__(self, compute: Callable[[], T], name: str = "gemmtune-deferred") -> None:
+    def __init__(self, compute: Callable[[], T], name: str = "gemmtune-deferred", *,
+                 start: bool = True) -> None:
+        self._compute, self._name = compute, name
         self._future: Future[T] = Future()
-        threading.Thread(target=self._run, args=(compute,), name=name, daemon=True).start()
+        self._lock = threading.Lock()
+        self._started = False
+        self._dependents: list[Deferred[Any]] = []  # started with this one
+        if start:
+            self.start()
 
-    def _run(self, compute: Callable[[], T]) -> None:
+    def start(self) -> None:
+        """Start the computation and those derived from it (``then``); once."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            dependents = list(self._dependents)
+        threading.Thread(target=self._run, name=self._name, daemon=True).start()
+        for dependent in dependents:
+            dependent.start()
+
+    def then(self, compute: Callable[[T], U], name: str) -> Deferred[U]:
+        """``compute`` of this value, on its own thread, started when this one is."""
+        dependent: Deferred[U] = Deferred(lambda: compute(self.get()), name, start=False)
+        with self._lock:
+            started = self._started
+            if not started:
+                self._dependents.append(dependent)
+        if started:
+            dependent.start()
+        return dependent
+
+    def _run(self) -> None:
         try:
-            self._future.set_result(compute())
+            self._future.set_result(self._compute())
         except BaseException as error:  # handed to whoever asks for the value
             self._future.set_exception(error)
 
     def get(self) -> T:
+        self.start()  # needed before its owner started it (e.g. a resumed study's first ask)
         return self._future.result()
 
 
+def derived(source: T | Deferred[T], compute: Callable[[T], U], name: str) -> Deferred[U]:
+    """``compute(source)`` on a thread: started with ``source`` where that is a Deferred,
+    else at once."""
+    if isinstance(source, Deferred):
+        return source.then(compute, name)
+    return Deferred(lambda: compute(source), name)
+
+
 Groups = Sequence[Sequence[Params]]
-
-
-def resolved(value: T | Deferred[T]) -> T:
-    """``value``, waiting for it where it is still being computed."""
-    return value.get() if isinstance(value, Deferred) else value
 
 
 @dataclass(frozen=True)
@@ -131,10 +166,9 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
         if space is None:
             raise ValueError(f"the {name} sampler needs the study's SearchSpace")
         tpe = dict(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=0)
-        groups = space.groups
-        model = (EnumeratedTPE(Deferred(lambda: [p for group in resolved(groups) for p in group]),
+        model = (EnumeratedTPE(derived(space.groups, _flat, "gemmtune-accepted"),
                                names=list(_varying(space.distributions)), **tpe)
-                 if groups else optuna.samplers.TPESampler(**tpe))
+                 if space.groups else optuna.samplers.TPESampler(**tpe))
         return FeasibleSampler(model, space, seed=seed,
                                startup_trials=STARTUP_TRIALS + space.model_picks)
     if name == "model":
@@ -157,6 +191,10 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
+
+
+def _flat(groups: Groups) -> list[Params]:
+    return [p for group in groups for p in group]
 
 
 def _varying(distributions: Mapping[str, BaseDistribution]) -> dict[str, BaseDistribution]:
@@ -242,8 +280,8 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     def __init__(self, accepted: Sequence[Params] | Deferred[Sequence[Params]],
                  names: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._prepared = Deferred(lambda: _prepare_table(resolved(accepted), names),
-                                  "gemmtune-tpe-table")
+        self._prepared = derived(accepted, lambda configs: _prepare_table(configs, names),
+                                 "gemmtune-tpe-table")
         self._table: _Table | None = None
 
     @property
@@ -311,7 +349,7 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.varying = _varying(space.distributions)
         # the groups over the varying parameters (what the study's trials hold), and each
         # member's group: first needed after the start-up, so built meanwhile
-        self._grouped = Deferred(lambda: self._index(resolved(space.groups)), "gemmtune-groups")
+        self._grouped = derived(space.groups, self._index, "gemmtune-group-index")
 
     def _index(self, groups: Groups) -> tuple[list[list[dict[str, int]]],
                                               dict[tuple[tuple[str, int], ...], int]]:
