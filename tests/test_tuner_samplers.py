@@ -19,7 +19,8 @@ from tuner.problem import config_key
 from tuner.search import prior, space
 from bench_support import bench_module
 from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, Deferred, EnumeratedTPE,
-                                   FeasibleSampler, SearchSpace, _seen, _Table, make_sampler)
+                                   FeasibleSampler, SearchSpace, _key, _seen, _Table,
+                                   make_sampler)
 
 RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
 # warptile narrowed to the recorded grid: 602 accepted configs in 34 geometry groups at 2048³
@@ -182,14 +183,21 @@ def test_the_tables_built_in_the_background_are_the_ones_built_inline(grouped):
     assert table is sampler.model._prepared.get()[1]  # the background one, not rebuilt
     assert table.names == inline.names and table.rows == inline.rows
     assert np.array_equal(table.values, inline.values)
+    # the column-wise build gives what a row at a time gave
+    assert np.array_equal(table.values, np.array([[float(p[n]) for n in names] for p in flat]))
+    assert table.values.flags.c_contiguous
+    assert list(table.rows.items()) == [(_key({n: p[n] for n in names}), row)
+                                        for row, p in enumerate(flat)]
     for (distinct, inverse), (distinct_inline, inverse_inline) in zip(table.columns,
                                                                       inline.columns):
         assert np.array_equal(distinct, distinct_inline)
         assert np.array_equal(inverse, inverse_inline)
     assert sampler.model.accepted == flat
-    members, group_of = sampler._grouped.get()
-    assert members == [[{n: int(p[n]) for n in names} for p in group] for group in positions]
-    assert len(group_of) == len(flat)
+    groups, group_of = sampler._grouped.get()
+    assert groups is positions
+    inline_index = {_key({n: int(p[n]) for n in names}): index
+                    for index, group in enumerate(positions) for p in group}
+    assert list(group_of.items()) == list(inline_index.items())
 
 
 def test_an_error_building_the_tables_surfaces_at_the_first_ask_that_needs_them(grouped):

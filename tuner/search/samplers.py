@@ -30,7 +30,7 @@ import threading
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import optuna
@@ -206,6 +206,17 @@ def _key(params: Params) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((name, int(value)) for name, value in params.items()))
 
 
+def _keys(columns: Sequence[Sequence[int]], names: Sequence[str]
+          ) -> Iterator[tuple[tuple[str, int], ...]]:
+    """``_key`` of each row of ``columns`` (one list of ints per name), without a dict and a
+    sort per row: the names are sorted once (they are distinct, so ``_key``'s sort is by
+    name)."""
+    order = sorted(range(len(names)), key=lambda j: names[j])
+    if not order:
+        return iter([()] * (len(columns[0]) if columns else 0))
+    return zip(*([(names[j], value) for value in columns[j]] for j in order))
+
+
 def _seen(trials: Sequence[FrozenTrial], names: Sequence[str]) -> set[tuple[tuple[str, int], ...]]:
     return {_key({n: t.params[n] for n in names}) for t in trials if set(names) <= t.params.keys()}
 
@@ -223,9 +234,13 @@ class _Table:
 
     @classmethod
     def build(cls, configs: Sequence[Params], names: Sequence[str]) -> _Table:
-        values = np.array([[float(p[n]) for n in names] for p in configs],
-                          dtype=np.float64).reshape(len(configs), len(names))
-        rows = {_key({n: p[n] for n in names}): row for row, p in enumerate(configs)}
+        # built a column at a time (one list per name, not a list per config): the same
+        # float64 values in the same (C) layout, in a quarter of the time
+        values = np.ascontiguousarray(np.array(
+            [[p[n] for p in configs] for n in names], dtype=np.float64
+        ).reshape(len(names), len(configs)).T)
+        rows = {key: row for row, key in enumerate(
+            _keys([values[:, j].astype(np.int64).tolist() for j in range(len(names))], names))}
         columns = tuple(np.unique(values[:, j], return_inverse=True) for j in range(len(names)))
         return cls(tuple(names), values, rows, columns)
 
@@ -347,14 +362,15 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.startup_trials = startup_trials
         self.rng = random.Random(seed)
         self.varying = _varying(space.distributions)
-        # the groups over the varying parameters (what the study's trials hold), and each
-        # member's group: first needed after the start-up, so built meanwhile
+        # the groups, and each member's group by its key over the varying parameters (what
+        # the study's trials hold): first needed after the start-up, so built meanwhile
         self._grouped = derived(space.groups, self._index, "gemmtune-group-index")
 
-    def _index(self, groups: Groups) -> tuple[list[list[dict[str, int]]],
-                                              dict[tuple[tuple[str, int], ...], int]]:
-        members = [[{n: int(p[n]) for n in self.varying} for p in group] for group in groups]
-        return members, {_key(p): index for index, group in enumerate(members) for p in group}
+    def _index(self, groups: Groups) -> tuple[Groups, dict[tuple[tuple[str, int], ...], int]]:
+        names = list(self.varying)
+        columns = [[int(p[n]) for group in groups for p in group] for n in names]
+        return groups, dict(zip(_keys(columns, names),
+                                (index for index, group in enumerate(groups) for _ in group)))
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -403,7 +419,7 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         index = group_of.get(_key({n: best.params[n] for n in names}))
         if index is None:
             return {}
-        members = groups[index]
+        members = [{n: int(p[n]) for n in self.varying} for p in groups[index]]
         if sum(1 for p in members if _key(p) in seen) >= GROUP_TRIES:
             return {}
         left = [p for p in members if _key(p) not in seen]
