@@ -91,7 +91,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="results database (default: $GEMMTUNE_DB, else the default file)")
     parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                         help="--tune: tune every problem first; --no-tune: never tune "
-                             "(default: tune only problems the database has nothing for)")
+                             "(default: tune the problems some family asked for has no stored result for)")
     parser.add_argument("--trials", type=_positive(int), default=None, metavar="N",
                         help="passed to the tuner (default: the tuner's)")
     parser.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
@@ -166,6 +166,19 @@ class Candidate:
     stored_gflops: float
     run_id: int
     trial_id: int
+
+
+def untuned_families(database: db.Database, gpu: str, p: Problem, families: Sequence[str]
+                     ) -> list[str]:
+    """The families with no stored result of their current source for exactly this problem:
+    the suite tunes a problem while any family asked for lacks one (a problem tuned once with
+    other families would otherwise never meet the ones named now)."""
+    try:
+        return [name for name in families
+                if not any(r.source_hash == kernels.FAMILIES[name].source_hash
+                           for r in database.top_k(gpu, p.m, p.n, p.k, family=name, limit=20))]
+    except db.UnknownGpuError:
+        return list(families)
 
 
 def stored_candidates(database: db.Database, gpu: str, p: Problem, families: Sequence[str],
@@ -457,8 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return {p: stored_candidates(database, info["name"], p, args.families, args.candidates)
                     for p in args.problems}
 
-    found = read_candidates()
-    to_tune = [p for p in args.problems if args.tune or (args.tune is None and not found[p])]
+    with db.open_database(url) as database:
+        untuned = {p: untuned_families(database, info["name"], p, args.families)
+                   for p in args.problems}
+    to_tune = [p for p in args.problems if args.tune or (args.tune is None and untuned[p])]
     tuner_exit = None
     if to_tune:
         tuner_exit = run_tuner(args, url, to_tune)
@@ -468,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tuner_exit != EXIT_OK:
             print(f"bench/speed.py: the tuner exited with {tuner_exit}; measuring what is stored",
                   file=sys.stderr)
-        found = read_candidates()
+    found = read_candidates()
 
     peak = dram_peak(args.gpu)
     flat = [c for p in args.problems for c in found[p]]

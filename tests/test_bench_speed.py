@@ -145,6 +145,12 @@ def test_a_stored_problem_is_not_tuned_again_unless_asked(tuned):
         assert len(database.list_runs()) == runs_before
     forced = run_speed(tmp, *small_suite(url, again, "--tune"))
     assert forced.returncode == 0 and "tuning 2 problem(s)" in forced.stdout
+    # a family asked for that has nothing stored for the problems: they are tuned for it
+    widened = run_speed(tmp, *small_suite(url, again, "--family", "blocktile1d"))
+    assert widened.returncode == 0 and "tuning 2 problem(s)" in widened.stdout
+    with db.open_database(url) as database:
+        assert all(database.best(STANDIN_GPU, *map(int, s.split("x")), family="blocktile1d",
+                                 nearest=False) is not None for s in SHAPES)
 
 
 def test_no_tune_on_an_empty_database_reports_every_problem_as_not_tuned(tmp_path):
