@@ -2,7 +2,7 @@
 
     python bench/shared_study.py --gpus 0,1 [--shape MxNxK ...] [--family F ...] [--trials 60]
         [--patience 0] [--timeout 120] [--kill-after 10] [--heartbeat 2] [--stale-after 8]
-        [--storage URL] [--skip-kill] [--out FILE] [--logs DIR]
+        [--storage URL] [--cache DIR] [--skip-kill] [--out FILE] [--logs DIR]
 
 Three phases, each on fresh databases (a results database and an Optuna storage, two PostgreSQL
 databases created on the server for the phase and dropped after it), every worker a real
@@ -115,6 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="kill phase: --stale-after of both workers (default: 8)")
     parser.add_argument("--compile-workers", type=int, default=None,
                         help="--workers of each tuner (default: the tuner's, CPU cores - 2)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="a CUBIN cache every worker of every phase shares (default: a "
+                             "fresh one per worker and phase: every compile real, as in the "
+                             "single run)")
     parser.add_argument("--storage", default=None,
                         help="PostgreSQL server URL whose role may CREATE DATABASE (default: "
                              "a private server started with pgserver)")
@@ -332,7 +336,8 @@ class Phase:
     def workers(self, args: argparse.Namespace, gpus: tuple[int, ...], urls: tuple[str, str],
                 studies: list[tuple[str, str]], kill: bool = False) -> list[Worker]:
         return [Worker(f"w{i + 1}", gpu,
-                       tuner_argv(args, gpu, urls, self.scratch / self.name / f"cubins-w{i + 1}",
+                       tuner_argv(args, gpu, urls,
+                                  args.cache or self.scratch / self.name / f"cubins-w{i + 1}",
                                   studies, kill),
                        self.logs / f"{self.name}-w{i + 1}.log")
                 for i, gpu in enumerate(gpus)]
