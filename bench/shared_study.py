@@ -61,7 +61,7 @@ from throughput import gpu_slug  # bench/ is sys.path[0] when this runs as a scr
 
 from tuner.measure.live import BACKEND_ENV
 from tuner.problem import ShapeError, parse_shape
-from tuner.run.options import EXIT_FAILED, EXIT_OK
+from tuner.run.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from tuner.run.storage import open_storage
 from tuner.search.fleet import WORKER_ATTR
 from tuner.search.space import config_from_params
@@ -75,7 +75,7 @@ START_MARGIN_S = 300.0  # a worker's start-up and cuBLAS baselines beside its st
 POLL_S = 0.05
 DEFAULT_SHAPES = ("2048x2048x2048", "1023x1025x999")
 DEFAULT_FAMILIES = ("wgmma", "tf32x3")
-MECHANICS_ONLY = "mechanics only, no speed-up figure (both workers on one GPU)"
+MECHANICS_ONLY = "mechanics only, no speed-up figure"
 
 
 # ------------------------------------------------------------------ options
@@ -165,10 +165,11 @@ def postgres_admin(url: str | None, folder: Path) -> Iterator[str]:
     try:
         import pgserver
     except ImportError:
-        raise SystemExit(
-            "shared_study: no PostgreSQL server: pass --storage postgresql://ROLE:PW@HOST/DB "
-            "(a role that may CREATE DATABASE) or install the pgserver wheel "
-            "(pip install pgserver; README, Benchmarks)") from None
+        print("shared_study: no PostgreSQL server: pass --storage postgresql://ROLE:PW@HOST/DB "
+              "(a role that may CREATE DATABASE) or install the pgserver wheel (pip install "
+              "pgserver, or .whl-pg/ on a host without a registry: README, Benchmarks)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
     server = pgserver.get_server(folder / "pgdata", cleanup_mode="stop")
     try:
         yield server.get_uri()
@@ -529,7 +530,7 @@ def print_report(result: dict[str, Any]) -> None:
               f"{_s(together.get('time_to_target_s')):>13}{ratio:>9}"
               f"{together.get('measured', 0):>9}{together.get('duplicates', 0):>6}")
     print(f"wall: single {single['wall_s']:.1f} s, pair {pair['wall_s']:.1f} s"
-          + ("" if two_gpus else f"  ({MECHANICS_ONLY})"))
+          + ("" if two_gpus else f"  (both workers on one GPU: {MECHANICS_ONLY})"))
     kill = result.get("kill")
     if kill:
         for claim in kill["killed_claims"]:
