@@ -18,10 +18,12 @@ databases created on the server for the phase and dropped after it), every worke
    configs are counted out, as tests/test_tuner_fleet.py does).
 3. **kill** (the first family and shape only): both workers with a short ``--heartbeat`` and
    ``--stale-after``; after ``--kill-after`` seconds, the storage is polled until worker 2 holds
-   a claimed, unfinished trial (its claims name it: tuner.search.fleet.WORKER_ATTR), and worker 2
-   is killed with SIGKILL; worker 1 finishes. Reported: the killed claim's config, whether
-   worker 1 measured it (its failed-as-stale claim has a completed retry, and the config is in
-   worker 1's run), and the configs measured twice.
+   a claimed, unfinished trial (its claims name it: tuner.search.fleet.WORKER_ATTR) that no
+   earlier claim of the same config beat; worker 2 is stopped (SIGSTOP, so the claim cannot
+   finish between that look and the kill), seen to hold it still, and killed with SIGKILL;
+   worker 1 finishes. Reported: the killed claims' configs, whether worker 1 measured each that
+   went stale (the verdict; "retried": through the claim's queued retry), and the configs
+   measured twice. A second claim may stay running when worker 1 fills the budget first.
 
 ``--gpus 0,0`` runs both workers on one GPU: it proves the mechanics (no config measured twice,
 the killed worker's claim retried) but no speed-up figure is given. The PostgreSQL server is
@@ -407,39 +409,52 @@ def speedups(single: dict[str, Any], pair: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the kill phase
 
+LIVE_STATES = (TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE)
+
+
 def claims_of(storage: BaseStorage, worker_id: str) -> list[tuple[str, FrozenTrial]]:
-    """The running trials this worker claimed, with their study names."""
+    """The running trials this worker claimed and won, with their study names: not those
+    that an earlier trial of the same config beat (the worker is about to give them up)."""
     held = []
     for study in storage.get_all_studies():
-        for trial in storage.get_all_trials(study._study_id, deepcopy=False,
-                                            states=(TrialState.RUNNING,)):
-            if trial.system_attrs.get(WORKER_ATTR) == worker_id:
+        trials = storage.get_all_trials(study._study_id, deepcopy=False)
+        for trial in trials:
+            if trial.state != TrialState.RUNNING \
+                    or trial.system_attrs.get(WORKER_ATTR) != worker_id:
+                continue
+            if not any(other._trial_id < trial._trial_id and other.state in LIVE_STATES
+                       and other.params == trial.params for other in trials):
                 held.append((study.study_name, trial))
     return held
 
 
 def kill_while_claiming(victim: Worker, storage: BaseStorage, kill_after_s: float,
                         limit_s: float) -> list[tuple[str, FrozenTrial]]:
-    """SIGKILL the victim once, after kill_after_s, it holds a claim; returns those claims."""
+    """SIGKILL the victim once, after kill_after_s, it holds a claim (seen while it is
+    stopped); returns those claims."""
     assert victim.process is not None
     while time.monotonic() - victim.started < kill_after_s:
         time.sleep(POLL_S)
     while victim.process.poll() is None and time.monotonic() - victim.started < limit_s:
-        held = claims_of(storage, victim.worker_id)
-        if held:
-            victim.process.send_signal(signal.SIGKILL)
-            victim.wait(30)
-            return held
+        if claims_of(storage, victim.worker_id):
+            # frozen, it cannot finish or release the claim between this look and the kill
+            victim.process.send_signal(signal.SIGSTOP)
+            held = claims_of(storage, victim.worker_id)
+            if held:
+                victim.process.send_signal(signal.SIGKILL)
+                victim.wait(30)
+                return held
+            victim.process.send_signal(signal.SIGCONT)
         time.sleep(POLL_S)
     return []
 
 
 def retries_of(storage: BaseStorage, study_name: str) -> dict[int, FrozenTrial]:
-    """Completed retries of failed-as-stale claims, by the failed trial's number."""
+    """The queued retries (any state) of failed-as-stale claims, by the failed trial's number
+    (RetryHeartbeatStaleTrialCallback's ``failed_trial``)."""
     study_id = storage.get_study_id_from_name(study_name)
     return {t.system_attrs["failed_trial"]: t
-            for t in storage.get_all_trials(study_id, deepcopy=False,
-                                            states=(TrialState.COMPLETE,))
+            for t in storage.get_all_trials(study_id, deepcopy=False)
             if "failed_trial" in t.system_attrs}
 
 
@@ -473,7 +488,9 @@ def kill_phase(args: argparse.Namespace, phase: Phase,
     return {"wall_s": wall_s, "killed_after_s": killed_at_s if held else None,
             "workers": [w.as_dict() for w in (survivor, victim)], "study": " ".join(study),
             "killed_claims": killed,
-            "retried": bool(stale) and all(c["retried"] and c["measured_by_w1"] for c in stale),
+            # the verdict: worker 1 measured every config worker 2 died holding (normally as
+            # the claim's retry; "retried" per claim says whether it was that way)
+            "retried": bool(stale) and all(c["measured_by_w1"] for c in stale),
             "duplicates": sum(s.duplicates() for s in found.values()),
             "measured": sum(len(s.trials) for s in found.values())}
 
@@ -486,11 +503,15 @@ def killed_claim(storage: BaseStorage, study_name: str, trial: FrozenTrial,
     retry = retries_of(storage, study_name).get(trial.number)
     return {"study": study_name, "trial": trial.number,
             "config": config_from_params(family, trial.params),
-            "final_state": final.state.name, "failed_as_stale": retry is not None,
-            "retried": retry is not None and retry.params == trial.params
+            "final_state": final.state.name,
+            "failed_as_stale": final.state == TrialState.FAIL and retry is not None,
+            "retried": retry is not None and retry.state == TrialState.COMPLETE
+            and retry.params == trial.params
             and retry.user_attrs.get("state") not in (None, "rejected"),
             "retry_trial": retry.number if retry else None,
-            "retry_state": retry.user_attrs.get("state") if retry else None}
+            "retry_state": (retry.user_attrs.get("state") or retry.state.name) if retry else None,
+            "note": ("still running: the survivor filled the budget before it went stale"
+                     if final.state == TrialState.RUNNING else None)}
 
 
 # ------------------------------------------------------------------ report
