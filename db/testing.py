@@ -25,14 +25,16 @@ def postgres_available() -> bool:
 
 
 @contextmanager
-def scratch_url(backend: str, folder: Path) -> Iterator[str]:
-    """A URL to an empty database that is removed afterwards (SQLite: a file under folder)."""
+def scratch_url(backend: str, folder: Path, admin: str | None = None) -> Iterator[str]:
+    """A URL to an empty database that is removed afterwards (SQLite: a file under folder).
+    PostgreSQL: created through admin (a role that may CREATE DATABASE; default
+    $GEMMTUNE_TEST_PG_URL), as bench/shared_study.py does on a server of its own."""
     if backend == "sqlite":
         yield f"sqlite:///{folder / 'results.sqlite'}"
         return
     if backend != "postgresql":
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    admin = os.environ.get(PG_URL_ENV)
+    admin = admin or os.environ.get(PG_URL_ENV)
     if not admin:
         raise RuntimeError(PG_MISSING)
     import psycopg  # only needed here

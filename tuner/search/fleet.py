@@ -17,6 +17,8 @@ of the stored study:
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 import warnings
@@ -34,6 +36,13 @@ from tuner.problem import ConfigKey
 log = logging.getLogger(__name__)
 
 OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
+# System attribute of a claim: which process holds it ("host/pid"), written with the claim (no
+# extra commit), so that an operator or bench/shared_study.py can tell whose a running trial is.
+WORKER_ATTR = "worker"
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}/pid{os.getpid()}"
 
 
 def heartbeats_on(storage: BaseStorage) -> bool:
@@ -129,7 +138,8 @@ class SharedStudy:
         The caller pulls next and asks ``claimed_before``: two workers may claim one config
         at the same moment."""
         template = create_trial(state=TrialState.RUNNING, params=params,
-                                distributions=distributions)
+                                distributions=distributions,
+                                system_attrs={WORKER_ATTR: worker_id()})
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.own.add(trial_id)
         self._start_heartbeat(trial_id)

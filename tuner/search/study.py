@@ -531,17 +531,20 @@ class _StudyRun:
     def _in_flight(self) -> int:
         return sum(not item.alias for item in self._held())
 
-    def _room(self) -> bool:
+    def _room(self, taking: int = 0) -> bool:
         """Whether one more candidate fits the window and the budget (counting what other
-        workers of the study hold, so that together they measure exactly the budget)."""
+        workers of the study hold, so that together they measure exactly the budget).
+        ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
+        ours), which must not count twice: else a retry of the budget's last config would wait
+        for itself until the timeout."""
         return (self._in_flight() < self.session.batch
                 and self.tally.measured + self._in_flight() + len(self._others_holding())
-                < self.budget.trials)
+                - taking < self.budget.trials)
 
     def _take_retries(self) -> None:
         """Take dead workers' candidates, queued as WAITING trials, before asking anew."""
         for waiting in self.shared.waiting():
-            if not self._room() or self.study.get_trials(deepcopy=False,
+            if not self._room(taking=1) or self.study.get_trials(deepcopy=False,
                                                          states=(TrialState.WAITING,)):
                 return  # our own queue (warm start, nudges) first: asks pop it in order
             self._flush()

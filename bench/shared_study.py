@@ -1,0 +1,621 @@
+"""Two GPUs, one study (issue 17 part 3): two tuner processes sharing one Optuna storage.
+
+    python bench/shared_study.py --gpus 0,1 [--shape MxNxK ...] [--family F ...] [--trials 60]
+        [--patience 0] [--timeout 120] [--kill-after 10] [--heartbeat 2] [--stale-after 8]
+        [--storage URL] [--cache DIR] [--skip-kill] [--out FILE] [--logs DIR]
+
+Three phases, each on fresh databases (a results database and an Optuna storage, two PostgreSQL
+databases created on the server for the phase and dropped after it), every worker a real
+``python -m tuner --claim-trials`` process with a CUBIN cache of its own (every compile real):
+
+1. **single**: one worker on the first GPU; its wall time, and per study its best and when it
+   was found (the stored trials' ``recorded_at`` in the results database).
+2. **pair**: two workers started together (``--gpu G0``, ``--gpu G1``, same options, same
+   storage): per study, the time to reach the single run's best (the first trial of either
+   worker at or above it less 0.5 %, the same rule timing the single run), counted from the
+   study's first run start; speed-up = single / pair per study and over their sum. And the
+   configs measured more than once across the two workers (states that cost GPU time: rejected
+   configs are counted out, as tests/test_tuner_fleet.py does).
+3. **kill** (the first family and shape only): both workers with a short ``--heartbeat`` and
+   ``--stale-after``; after ``--kill-after`` seconds, the storage is polled until worker 2 holds
+   a claimed, unfinished trial (its claims name it: tuner.search.fleet.WORKER_ATTR) that no
+   earlier claim of the same config beat; worker 2 is stopped (SIGSTOP, so the claim cannot
+   finish between that look and the kill), seen to hold it still, and killed with SIGKILL;
+   worker 1 finishes. Reported: the killed claims' configs, whether worker 1 measured each that
+   went stale (the verdict; "retried": through the claim's queued retry), and the configs
+   measured twice. A second claim may stay running when worker 1 fills the budget first.
+
+``--gpus 0,0`` runs both workers on one GPU: it proves the mechanics (no config measured twice,
+the killed worker's claim retried) but no speed-up figure is given. The PostgreSQL server is
+``--storage URL`` (a role that may CREATE DATABASE), else a private one started with the
+``pgserver`` wheel in a temporary folder. Without a GPU, ``GEMMTUNE_GPU_BACKEND=tuner.testing``
+runs the workers on the CPU stand-in (the mechanics only; no GPU timings).
+
+Tuner output goes to log files (``--logs``, default a folder beside the JSON); JSON to
+``bench/results/shared_study-<gpu>.json`` unless ``--out`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import db
+import kernels
+from db.testing import scratch_url
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, TrialState
+from throughput import gpu_slug  # bench/ is sys.path[0] when this runs as a script
+
+from tuner.measure.live import BACKEND_ENV
+from tuner.problem import ShapeError, parse_shape
+from tuner.run.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from tuner.run.storage import open_storage
+from tuner.search.fleet import WORKER_ATTR
+from tuner.search.space import config_from_params
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = REPO / "bench"
+TARGET_SPEEDUP = 1.7
+TARGET_DUPLICATES = 0
+BEST_TOLERANCE = 0.005  # "reached the best": within 0.5 %, the tuner's own patience rule
+START_MARGIN_S = 300.0  # a worker's start-up and cuBLAS baselines beside its studies' timeouts
+POLL_S = 0.05
+DEFAULT_SHAPES = ("2048x2048x2048", "1023x1025x999")
+DEFAULT_FAMILIES = ("wgmma", "tf32x3")
+MECHANICS_ONLY = "mechanics only, no speed-up figure"
+
+
+# ------------------------------------------------------------------ options
+
+def parse_gpus(text: str) -> tuple[int, int]:
+    """Two device indices, e.g. 0,1 (two GPUs) or 0,0 (two workers on one GPU)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: two device indices separated by a comma, one per worker: 0,1 (two "
+            f"GPUs) or 0,0 (both on one GPU: {MECHANICS_ONLY})")
+    return int(parts[0]), int(parts[1])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=parse_gpus, default=(0, 1), metavar="G0,G1",
+                        help="device index per worker (default: 0,1; 0,0: "
+                             f"{MECHANICS_ONLY})")
+    parser.add_argument("--shape", action="append", default=[],
+                        help=f"MxNxK (repeat; default: {' '.join(DEFAULT_SHAPES)})")
+    parser.add_argument("--family", action="append", default=[],
+                        help=f"kernel family (repeat; default: {' '.join(DEFAULT_FAMILIES)})")
+    parser.add_argument("--trials", type=int, default=60,
+                        help="measured configs per study, over both workers (default: 60)")
+    parser.add_argument("--patience", type=int, default=0,
+                        help="as python -m tuner; 0 (default): off, every run measures the "
+                             "same budget")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds per study (default: 120)")
+    parser.add_argument("--kill-after", type=float, default=10.0,
+                        help="kill phase: seconds after the start before worker 2 is killed "
+                             "at its next claim (default: 10)")
+    parser.add_argument("--heartbeat", type=float, default=2.0,
+                        help="kill phase: --heartbeat of both workers (default: 2)")
+    parser.add_argument("--stale-after", type=float, default=8.0,
+                        help="kill phase: --stale-after of both workers (default: 8)")
+    parser.add_argument("--compile-workers", type=int, default=None,
+                        help="--workers of each tuner (default: the tuner's, CPU cores - 2)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="a CUBIN cache every worker of every phase shares (default: a "
+                             "fresh one per worker and phase: every compile real, as in the "
+                             "single run)")
+    parser.add_argument("--storage", default=None,
+                        help="PostgreSQL server URL whose role may CREATE DATABASE (default: "
+                             "a private server started with pgserver)")
+    parser.add_argument("--skip-kill", action="store_true", help="leave out the kill phase")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=None,
+                        help="folder for the tuners' output (default: beside the JSON)")
+    args = parser.parse_args(argv)
+    args.shape = args.shape or list(DEFAULT_SHAPES)
+    args.family = args.family or list(DEFAULT_FAMILIES)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for shape in args.shape:
+        try:
+            parse_shape(shape)
+        except ShapeError as error:
+            parser.error(f"--shape {shape}: {error}")
+    unknown = [f for f in args.family if f not in kernels.FAMILIES]
+    if unknown:
+        parser.error(f"--family {', '.join(unknown)}: unknown; allowed: "
+                     f"{', '.join(kernels.FAMILIES)}")
+    if args.trials < 2:
+        parser.error("--trials: at least 2 (one per worker)")
+    if not 0 < args.heartbeat < args.stale_after:
+        parser.error(f"--stale-after {args.stale_after:g} must be above --heartbeat "
+                     f"{args.heartbeat:g} > 0")
+    if not args.skip_kill and args.kill_after + args.stale_after >= args.timeout:
+        # the survivor must still be in the study when the dead claim goes stale
+        parser.error(f"--kill-after {args.kill_after:g} + --stale-after {args.stale_after:g} "
+                     f"must stay below --timeout {args.timeout:g}")
+
+
+# ------------------------------------------------------------------ the server
+
+@contextmanager
+def postgres_admin(url: str | None, folder: Path) -> Iterator[str]:
+    """The admin URL databases are created through: --storage, else a private pgserver."""
+    if url:
+        yield url
+        return
+    try:
+        import pgserver
+    except ImportError:
+        print("shared_study: no PostgreSQL server: pass --storage postgresql://ROLE:PW@HOST/DB "
+              "(a role that may CREATE DATABASE) or install the pgserver wheel (pip install "
+              "pgserver, or .whl-pg/ on a host without a registry: README, Benchmarks)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    server = pgserver.get_server(folder / "pgdata", cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+# ------------------------------------------------------------------ workers
+
+@dataclass
+class Worker:
+    label: str
+    gpu: int
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0  # time.monotonic()
+    wall_s: float | None = None
+    returncode: int | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """How its claims name it in the storage (tuner.search.fleet.worker_id)."""
+        assert self.process is not None
+        return f"{socket.gethostname()}/pid{self.process.pid}"
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "tuner", *self.argv],
+                                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+
+    def wait(self, timeout_s: float) -> int:
+        assert self.process is not None
+        try:
+            self.returncode = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # ours, by its pid
+            self.returncode = self.process.wait()
+            print(f"  {self.label}: still running after {timeout_s:.0f} s, killed")
+        self.wall_s = time.monotonic() - self.started
+        return self.returncode
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "gpu": self.gpu, "returncode": self.returncode,
+                "wall_s": self.wall_s, "log": str(self.log),
+                "command": " ".join(["python", "-m", "tuner", *self.argv])}
+
+
+def tuner_argv(args: argparse.Namespace, gpu: int, urls: tuple[str, str], cache: Path,
+               studies: list[tuple[str, str]], kill: bool) -> list[str]:
+    results_url, storage_url = urls
+    argv = ["--gpu", str(gpu), "--db", results_url, "--storage", storage_url, "--claim-trials",
+            "--trials", str(args.trials), "--patience", str(args.patience),
+            "--timeout", f"{args.timeout:g}", "--cache", str(cache), "-v"]
+    for family in dict.fromkeys(f for f, _ in studies):
+        argv += ["--kernel", family]
+    for shape in dict.fromkeys(s for _, s in studies):
+        argv += ["--shape", shape]
+    if args.compile_workers:
+        argv += ["--workers", str(args.compile_workers)]
+    if kill:
+        argv += ["--heartbeat", f"{args.heartbeat:g}", "--stale-after", f"{args.stale_after:g}"]
+    return argv
+
+
+def wait_all(workers: list[Worker], timeout_s: float) -> None:
+    for worker in workers:
+        remaining = max(1.0, timeout_s - (time.monotonic() - worker.started))
+        worker.wait(remaining)
+
+
+# ------------------------------------------------------------------ reading the results
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def study_key(run: db.Run) -> str:
+    problem = run.problem
+    return f"{run.family} {problem.m}x{problem.n}x{problem.k}"
+
+
+@dataclass
+class StudyTrials:
+    """One study's runs and measured trials, every worker's together, in recorded order."""
+
+    started: datetime
+    trials: list[db.Trial] = field(default_factory=list)
+    runs: list[db.Run] = field(default_factory=list)
+
+    def first_at_or_above(self, gflops: float) -> db.Trial | None:
+        return next((t for t in self.trials if t.gflops is not None and t.gflops >= gflops), None)
+
+    def seconds_to(self, trial: db.Trial | None) -> float | None:
+        return None if trial is None else (_aware(trial.recorded_at) - self.started).total_seconds()
+
+    @property
+    def best(self) -> db.Trial | None:
+        ok = [t for t in self.trials if t.state == "ok" and t.gflops is not None]
+        return max(ok, key=lambda t: t.gflops) if ok else None
+
+    def duplicates(self) -> int:
+        """Measurements of a config already measured in this study (rejected ones cost nothing)."""
+        counts = Counter(json.dumps(t.params, sort_keys=True) for t in self.trials)
+        return sum(n - 1 for n in counts.values())
+
+
+def read_studies(database: db.Database) -> dict[str, StudyTrials]:
+    studies: dict[str, StudyTrials] = {}
+    for run in database.list_runs():
+        study = studies.setdefault(study_key(run), StudyTrials(_aware(run.started_at)))
+        study.started = min(study.started, _aware(run.started_at))
+        study.runs.append(run)
+        study.trials += [t for t in database.run_history(run.id) if t.state != "rejected"]
+    for study in studies.values():
+        study.trials.sort(key=lambda t: _aware(t.recorded_at))
+    return studies
+
+
+def gpus_of(database: db.Database) -> list[dict[str, str]]:
+    return [{"name": g.name, "uuid": g.uuid} for g in database.list_gpus()]
+
+
+def best_figures(study: StudyTrials, target_of: float) -> dict[str, Any]:
+    """The study's best, and when it (and the 0.5 % band below target_of) was first reached."""
+    best = study.best
+    reached = study.first_at_or_above(target_of * (1 - BEST_TOLERANCE))
+    return {"best_gflops": best.gflops if best else None,
+            "best_params": best.params if best else None,
+            "best_found_s": study.seconds_to(best),
+            "time_to_target_s": study.seconds_to(reached),
+            "measured": len(study.trials), "duplicates": study.duplicates(),
+            "runs": [{"id": r.id, "gpu": r.gpu_name, "uuid": r.gpu_uuid, "state": r.state,
+                      "measured": sum(1 for t in study.trials if t.run_id == r.id)}
+                     for r in study.runs]}
+
+
+# ------------------------------------------------------------------ phases
+
+@dataclass
+class Phase:
+    name: str
+    admin: str
+    scratch: Path
+    logs: Path
+    stack: ExitStack = field(default_factory=ExitStack)
+    started: float = 0.0  # time.monotonic()
+
+    def __enter__(self) -> tuple[str, str]:
+        """Fresh results database and Optuna storage, dropped when the phase ends."""
+        print(f"[{self.name}] started")
+        self.started = time.monotonic()
+        folder = self.scratch / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        results = self.stack.enter_context(scratch_url("postgresql", folder, self.admin))
+        storage = self.stack.enter_context(scratch_url("postgresql", folder, self.admin))
+        return results, storage
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+        print(f"[{self.name}] ended after {time.monotonic() - self.started:.1f} s")
+
+    def workers(self, args: argparse.Namespace, gpus: tuple[int, ...], urls: tuple[str, str],
+                studies: list[tuple[str, str]], kill: bool = False) -> list[Worker]:
+        return [Worker(f"w{i + 1}", gpu,
+                       tuner_argv(args, gpu, urls,
+                                  args.cache or self.scratch / self.name / f"cubins-w{i + 1}",
+                                  studies, kill),
+                       self.logs / f"{self.name}-w{i + 1}.log")
+                for i, gpu in enumerate(gpus)]
+
+
+def phase_limit_s(args: argparse.Namespace, studies: list[tuple[str, str]]) -> float:
+    return len(studies) * args.timeout + START_MARGIN_S
+
+
+def run_workers(workers: list[Worker], limit_s: float) -> float:
+    started = time.monotonic()
+    for worker in workers:
+        worker.start()
+    wait_all(workers, limit_s)
+    return time.monotonic() - started
+
+
+def single_phase(args: argparse.Namespace, phase: Phase,
+                 studies: list[tuple[str, str]]) -> dict[str, Any]:
+    with phase as urls:
+        workers = phase.workers(args, args.gpus[:1], urls, studies)
+        wall_s = run_workers(workers, phase_limit_s(args, studies))
+        with db.open_database(urls[0]) as database:
+            found = read_studies(database)
+            gpus = gpus_of(database)
+    per_study = {key: best_figures(study, study.best.gflops if study.best else 0.0)
+                 for key, study in found.items()}
+    return {"wall_s": wall_s, "gpus": gpus, "workers": [w.as_dict() for w in workers],
+            "studies": per_study}
+
+
+def pair_phase(args: argparse.Namespace, phase: Phase, studies: list[tuple[str, str]],
+               single: dict[str, Any]) -> dict[str, Any]:
+    with phase as urls:
+        workers = phase.workers(args, args.gpus, urls, studies)
+        wall_s = run_workers(workers, phase_limit_s(args, studies))
+        with db.open_database(urls[0]) as database:
+            found = read_studies(database)
+            gpus = gpus_of(database)
+    per_study: dict[str, Any] = {}
+    for key, study in found.items():
+        single_best = (single["studies"].get(key) or {}).get("best_gflops")
+        per_study[key] = best_figures(study, single_best or float("inf"))
+        per_study[key]["target_gflops"] = (single_best * (1 - BEST_TOLERANCE)
+                                           if single_best else None)
+    return {"wall_s": wall_s, "gpus": gpus, "workers": [w.as_dict() for w in workers],
+            "studies": per_study,
+            "duplicates": sum(s["duplicates"] for s in per_study.values())}
+
+
+def speedups(single: dict[str, Any], pair: dict[str, Any]) -> dict[str, Any]:
+    """single's time to its best (within 0.5 %) over the pair's, per study and over the sum."""
+    rows: dict[str, Any] = {}
+    for key, alone in single["studies"].items():
+        together = pair["studies"].get(key, {})
+        a, b = alone["time_to_target_s"], together.get("time_to_target_s")
+        rows[key] = {"single_s": a, "pair_s": b,
+                     "speedup": a / b if a is not None and b else None}
+    times = [(r["single_s"], r["pair_s"]) for r in rows.values()]
+    complete = all(a is not None and b is not None for a, b in times) and times
+    total_a = sum(a for a, _ in times) if complete else None
+    total_b = sum(b for _, b in times) if complete else None
+    return {"per_study": rows, "single_s": total_a, "pair_s": total_b,
+            "overall": total_a / total_b if complete and total_b else None}
+
+
+# ------------------------------------------------------------------ the kill phase
+
+LIVE_STATES = (TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE)
+
+
+def claims_of(storage: BaseStorage, worker_id: str) -> list[tuple[str, FrozenTrial]]:
+    """The running trials this worker claimed and won, with their study names: not those
+    that an earlier trial of the same config beat (the worker is about to give them up)."""
+    held = []
+    for study in storage.get_all_studies():
+        trials = storage.get_all_trials(study._study_id, deepcopy=False)
+        for trial in trials:
+            if trial.state != TrialState.RUNNING \
+                    or trial.system_attrs.get(WORKER_ATTR) != worker_id:
+                continue
+            if not any(other._trial_id < trial._trial_id and other.state in LIVE_STATES
+                       and other.params == trial.params for other in trials):
+                held.append((study.study_name, trial))
+    return held
+
+
+def kill_while_claiming(victim: Worker, storage: BaseStorage, kill_after_s: float,
+                        limit_s: float) -> list[tuple[str, FrozenTrial]]:
+    """SIGKILL the victim once, after kill_after_s, it holds a claim (seen while it is
+    stopped); returns those claims."""
+    assert victim.process is not None
+    while time.monotonic() - victim.started < kill_after_s:
+        time.sleep(POLL_S)
+    while victim.process.poll() is None and time.monotonic() - victim.started < limit_s:
+        if claims_of(storage, victim.worker_id):
+            # frozen, it cannot finish or release the claim between this look and the kill
+            victim.process.send_signal(signal.SIGSTOP)
+            held = claims_of(storage, victim.worker_id)
+            if held:
+                victim.process.send_signal(signal.SIGKILL)
+                victim.wait(30)
+                return held
+            victim.process.send_signal(signal.SIGCONT)
+        time.sleep(POLL_S)
+    return []
+
+
+def retries_of(storage: BaseStorage, study_name: str) -> dict[int, FrozenTrial]:
+    """The queued retries (any state) of failed-as-stale claims, by the failed trial's number
+    (RetryHeartbeatStaleTrialCallback's ``failed_trial``)."""
+    study_id = storage.get_study_id_from_name(study_name)
+    return {t.system_attrs["failed_trial"]: t
+            for t in storage.get_all_trials(study_id, deepcopy=False)
+            if "failed_trial" in t.system_attrs}
+
+
+def kill_phase(args: argparse.Namespace, phase: Phase,
+               study: tuple[str, str]) -> dict[str, Any]:
+    family = kernels.FAMILIES[study[0]]
+    limit_s = phase_limit_s(args, [study])
+    with phase as urls:
+        survivor, victim = phase.workers(args, args.gpus, urls, [study], kill=True)
+        storage = open_storage(urls[1], heartbeat_s=args.heartbeat,
+                               stale_after_s=args.stale_after)
+        started = time.monotonic()
+        survivor.start()
+        victim.start()
+        held = kill_while_claiming(victim, storage, args.kill_after, limit_s)
+        killed_at_s = time.monotonic() - started
+        print(f"  w2 killed after {killed_at_s:.1f} s holding {len(held)} claim(s)"
+              if held else "  w2 never held a claim: not killed")
+        wait_all([survivor, victim], limit_s)
+        wall_s = time.monotonic() - started
+        killed = [killed_claim(storage, name, trial, family) for name, trial in held]
+        storage.engine.dispose()  # type: ignore[attr-defined]
+        with db.open_database(urls[0]) as database:
+            found = read_studies(database)
+    survivor_configs = {json.dumps(t.params, sort_keys=True)
+                        for s in found.values() for t in s.trials
+                        if any(r.id == t.run_id and r.state == "finished" for r in s.runs)}
+    for claim in killed:
+        claim["measured_by_w1"] = json.dumps(claim["config"], sort_keys=True) in survivor_configs
+    stale = [c for c in killed if c["failed_as_stale"]]
+    return {"wall_s": wall_s, "killed_after_s": killed_at_s if held else None,
+            "workers": [w.as_dict() for w in (survivor, victim)], "study": " ".join(study),
+            "killed_claims": killed,
+            # the verdict: worker 1 measured every config worker 2 died holding (normally as
+            # the claim's retry; "retried" per claim says whether it was that way)
+            "retried": bool(stale) and all(c["measured_by_w1"] for c in stale),
+            "duplicates": sum(s.duplicates() for s in found.values()),
+            "measured": sum(len(s.trials) for s in found.values())}
+
+
+def killed_claim(storage: BaseStorage, study_name: str, trial: FrozenTrial,
+                 family: kernels.Family) -> dict[str, Any]:
+    """What became of a claim the victim held when it died: failed as stale (not finished by it
+    in the moment between the poll and the kill), and measured again by the survivor."""
+    final = storage.get_trial(trial._trial_id)
+    retry = retries_of(storage, study_name).get(trial.number)
+    return {"study": study_name, "trial": trial.number,
+            "config": config_from_params(family, trial.params),
+            "final_state": final.state.name,
+            "failed_as_stale": final.state == TrialState.FAIL and retry is not None,
+            "retried": retry is not None and retry.state == TrialState.COMPLETE
+            and retry.params == trial.params
+            and retry.user_attrs.get("state") not in (None, "rejected"),
+            "retry_trial": retry.number if retry else None,
+            "retry_state": (retry.user_attrs.get("state") or retry.state.name) if retry else None,
+            "note": ("still running: the survivor filled the budget before it went stale"
+                     if final.state == TrialState.RUNNING else None)}
+
+
+# ------------------------------------------------------------------ report
+
+def verdicts(gpus: tuple[int, int], pair: dict[str, Any], speed: dict[str, Any],
+             kill: dict[str, Any] | None) -> dict[str, Any]:
+    duplicates = pair["duplicates"] + (kill["duplicates"] if kill else 0)
+    two_gpus = gpus[0] != gpus[1]
+    overall = speed["overall"]
+    return {
+        "duplicates": {"value": duplicates, "target": TARGET_DUPLICATES,
+                       "met": duplicates == TARGET_DUPLICATES},
+        "speedup": {"value": overall if two_gpus else None, "target": TARGET_SPEEDUP,
+                    "met": (overall is not None and overall >= TARGET_SPEEDUP)
+                    if two_gpus else None,
+                    "note": None if two_gpus else MECHANICS_ONLY},
+        "retried": {"value": kill["retried"] if kill else None, "target": True,
+                    "met": kill["retried"] if kill else None,
+                    "note": None if kill else "--skip-kill"},
+    }
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    single, pair, speed = result["single"], result["pair"], result["speedup"]
+    two_gpus = result["gpus"][0] != result["gpus"][1]
+    print(f"\n{'study':<26}{'single best':>12}{'to best s':>10}{'pair to it s':>13}"
+          f"{'speed-up':>9}{'measured':>9}{'twice':>6}")
+    for key, alone in single["studies"].items():
+        together = pair["studies"].get(key, {})
+        row = speed["per_study"][key]
+        ratio = (f"{row['speedup']:.2f}" if row["speedup"] else "-") if two_gpus else "n/a"
+        print(f"{key:<26}{alone['best_gflops'] or 0:>12,.0f}{_s(alone['time_to_target_s']):>10}"
+              f"{_s(together.get('time_to_target_s')):>13}{ratio:>9}"
+              f"{together.get('measured', 0):>9}{together.get('duplicates', 0):>6}")
+    print(f"wall: single {single['wall_s']:.1f} s, pair {pair['wall_s']:.1f} s"
+          + ("" if two_gpus else f"  (both workers on one GPU: {MECHANICS_ONLY})"))
+    kill = result.get("kill")
+    if kill:
+        for claim in kill["killed_claims"]:
+            print(f"kill: w2's claim, trial {claim['trial']} {claim['config']}: "
+                  f"{claim['final_state']}, retried {claim['retried']}, "
+                  f"measured by w1 {claim['measured_by_w1']}")
+    for name, verdict in result["verdicts"].items():
+        met = {True: "met", False: "NOT met", None: "-"}[verdict["met"]]
+        print(f"{name}: {verdict['value']} (target {verdict['target']}) {met}"
+              + (f"  [{verdict['note']}]" if verdict.get("note") else ""))
+
+
+def out_path(args: argparse.Namespace, gpus: list[dict[str, str]]) -> Path:
+    if args.out:
+        return args.out
+    name = gpus[0]["name"] if gpus else "gpu"
+    return HERE / "results" / f"shared_study-{gpu_slug(name)}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    studies = [(family, shape) for family in args.family for shape in args.shape]
+    logs = args.logs or (args.out.parent / f"{args.out.stem}-logs" if args.out
+                         else HERE / "results" / "shared_study-logs")
+    begun = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gemmtune-shared-") as scratch, \
+            postgres_admin(args.storage, Path(scratch)) as admin:
+        def phase(name: str) -> Phase:
+            return Phase(name, admin, Path(scratch), logs)
+
+        single = single_phase(args, phase("single"), studies)
+        pair = pair_phase(args, phase("pair"), studies, single)
+        kill = None if args.skip_kill else kill_phase(args, phase("kill"), studies[0])
+    speed = speedups(single, pair)
+    result = {
+        "gpus": list(args.gpus), "mode": "two GPUs" if args.gpus[0] != args.gpus[1]
+        else MECHANICS_ONLY,
+        "backend": os.environ.get(BACKEND_ENV) or "tuner.gpu",
+        "devices": sorted({g["name"] for g in single["gpus"] + pair["gpus"]}),
+        "shapes": args.shape, "families": args.family, "trials": args.trials,
+        "patience": args.patience, "timeout_s": args.timeout, "best_tolerance": BEST_TOLERANCE,
+        "kill_options": None if args.skip_kill else {
+            "kill_after_s": args.kill_after, "heartbeat_s": args.heartbeat,
+            "stale_after_s": args.stale_after},
+        "storage": "--storage" if args.storage else "pgserver (private)",
+        "single": single, "pair": pair, "kill": kill, "speedup": speed,
+        "verdicts": verdicts(args.gpus, pair, speed, kill),
+        "wall_s": time.monotonic() - begun, "host": socket.gethostname(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print_report(result)
+    out = out_path(args, single["gpus"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"\nwrote {out} (tuner logs in {logs}; total {result['wall_s']:.0f} s)")
+    if result["backend"] == "tuner.testing":
+        print(f"({BACKEND_ENV}=tuner.testing: a CPU stand-in; these are no GPU timings)")
+    failed = [w for p in (single, pair) for w in p["workers"] if w["returncode"] != EXIT_OK]
+    if kill:
+        failed += [w for w in kill["workers"][:1] if w["returncode"] != EXIT_OK]
+    for worker in failed:
+        print(f"a worker failed (exit {worker['returncode']}): see {worker['log']}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

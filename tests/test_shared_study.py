@@ -1,0 +1,94 @@
+"""bench/shared_study.py on CPU: two stand-in workers on one GPU index (issue 17 part 3).
+
+The workers are real ``python -m tuner`` processes with the CPU stand-in GPU backend
+(GEMMTUNE_GPU_BACKEND=tuner.testing) against PostgreSQL: GEMMTUNE_TEST_PG_URL (source
+.ci/postgres.sh), else a private server from the pgserver wheel, else the test is skipped.
+Only the mechanics are checked (no config measured twice, the killed worker's claim retried);
+stand-in timings say nothing about a speed-up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bench_support import bench_module
+from db.testing import PG_URL_ENV, postgres_available
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "shared_study.py"
+
+needs_server = pytest.mark.skipif(
+    not postgres_available() and importlib.util.find_spec("pgserver") is None,
+    reason=f"needs {PG_URL_ENV} (source .ci/postgres.sh) or the pgserver wheel")
+
+
+def _shared_study():
+    bench_module("throughput")  # what the script imports from its own folder
+    return bench_module("shared_study")
+
+
+@needs_server
+def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_path):
+    out = tmp_path / "shared.json"
+    argv = [sys.executable, str(SCRIPT), "--gpus", "0,0", "--shape", "128x128x128",
+            "--family", "naive", "--trials", "12", "--timeout", "30", "--kill-after", "0",
+            "--heartbeat", "0.5", "--stale-after", "2", "--cache", str(tmp_path / "cubins"),
+            "--out", str(out)]
+    if postgres_available():
+        argv += ["--storage", os.environ[PG_URL_ENV]]
+    env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing",
+                        "PYTHONPATH": os.pathsep.join(filter(None, [
+                            str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[kill] ended" in done.stdout and "mechanics only" in done.stdout
+
+    result = json.loads(out.read_text())
+    assert result["mode"].startswith("mechanics only") and result["backend"] == "tuner.testing"
+    assert result["devices"] == ["Stand-in GPU (analytic model)"]
+    [(key, single)] = result["single"]["studies"].items()
+    assert key == "naive 128x128x128" and single["best_gflops"] > 0
+    assert single["time_to_target_s"] is not None and single["duplicates"] == 0
+    pair = result["pair"]
+    assert len(pair["workers"]) == 2 and all(w["returncode"] == 0 for w in pair["workers"])
+    assert pair["duplicates"] == 0
+    assert {w["gpu"] for w in pair["workers"]} == {0}
+    assert sum(r["measured"] > 0 for r in pair["studies"][key]["runs"]) == 2, "both measured"
+
+    kill = result["kill"]
+    survivor, victim = kill["workers"]
+    assert survivor["returncode"] == 0 and victim["returncode"] == -9  # SIGKILL
+    assert kill["killed_claims"], "worker 2 was killed holding a claim"
+    stale = [c for c in kill["killed_claims"] if c["failed_as_stale"]]
+    assert stale and all(c["retried"] and c["measured_by_w1"] for c in stale)
+    assert kill["retried"] is True and kill["duplicates"] == 0
+
+    verdicts = result["verdicts"]
+    assert verdicts["duplicates"] == {"value": 0, "target": 0, "met": True}
+    assert verdicts["retried"]["met"] is True
+    assert verdicts["speedup"]["met"] is None and verdicts["speedup"]["value"] is None
+    assert set(result["speedup"]) == {"per_study", "single_s", "pair_s", "overall"}
+    for phase in ("single", "pair", "kill"):
+        assert all(Path(w["log"]).exists() and "--claim-trials" in w["command"]
+                   for w in result[phase]["workers"])
+
+
+@pytest.mark.parametrize("gpus", ["0", "0,1,2", "a,b", "-1,0"])
+def test_gpus_must_name_two_device_indices(gpus, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _shared_study().parse_args([f"--gpus={gpus}"])
+    assert exit_.value.code == 2
+    assert "two device indices" in capsys.readouterr().err
+
+
+def test_the_kill_must_go_stale_within_the_study_timeout(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _shared_study().parse_args(["--timeout", "10", "--kill-after", "5"])
+    assert exit_.value.code == 2
+    assert "must stay below --timeout 10" in capsys.readouterr().err
