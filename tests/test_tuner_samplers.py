@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import kernels
-import numpy as np
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -18,9 +17,9 @@ from tuner.measure.replay import ReplayEvaluator
 from tuner.problem import config_key
 from tuner.search import prior, space
 from bench_support import bench_module
-from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, Deferred, EnumeratedTPE,
-                                   FeasibleSampler, SearchSpace, _key, _seen, _Table,
-                                   make_sampler)
+from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, FeasibleSampler,
+                            _seen,
+                            SearchSpace, make_sampler)
 
 RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
 # warptile narrowed to the recorded grid: 602 accepted configs in 34 geometry groups at 2048³
@@ -133,15 +132,13 @@ def test_asks_ahead_of_the_startup_results_continue_down_the_ranked_list(grouped
     assert [space.config_from_params(WARPTILE, t.params) for t in in_flight] == ranked
 
 
-def _proposals_digest(grouped, asks: int, window: int, deferred: bool = False) -> str:
+def _proposals_digest(grouped, asks: int, window: int) -> str:
     """The default sampler's proposals over ``asks`` asks with ``window`` candidates in flight
-    (constant liar sees RUNNING trials), as a digest. ``deferred``: the groups handed over as a
-    computation on a thread, as a study does."""
+    (constant liar sees RUNNING trials), as a digest."""
     accepted, _, positions = grouped
     startup = [space.params_from_config(WARPTILE, c) for c in accepted[:STARTUP_TRIALS]]
-    groups = Deferred(lambda: positions) if deferred else positions
     sampler = make_sampler("default", 3, SearchSpace(
-        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, groups))
+        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     ask_cost = bench_module("ask_cost")
     asked, _ = ask_cost.propose(study, WARPTILE, asks, window, _speed)
@@ -154,67 +151,6 @@ def test_the_default_samplers_proposals_are_pinned(grouped):
     a deliberate change of the search."""
     assert _proposals_digest(grouped, 40, 1) == "27d4a4a180f29da9"
     assert _proposals_digest(grouped, 40, 5) == "2c8f5752cb28dc64"
-    assert _proposals_digest(grouped, 40, 5, deferred=True) == "2c8f5752cb28dc64"
-
-
-def test_a_deferred_value_starts_with_its_source_or_when_asked_for():
-    calls: list[str] = []
-    source = Deferred(lambda: calls.append("source") or 2, start=False)
-    doubled = source.then(lambda value: calls.append("doubled") or 2 * value, "doubled")
-    assert not doubled._future.done() and calls == []  # nothing runs before the start
-    source.start()
-    assert doubled._future.result(timeout=10) == 4 and calls == ["source", "doubled"]
-    # derived from a source already started: starts at once
-    assert source.then(lambda value: value + 1, "late")._future.result(timeout=10) == 3
-    # asked for before its owner started it: computed, not waited for forever
-    assert Deferred(lambda: 7, start=False).get() == 7
-
-
-def test_the_tables_built_in_the_background_are_the_ones_built_inline(grouped):
-    """The TPE table and the group index are built on threads from the sampler's construction
-    on (issue 19): the same arrays and dicts as built on the asking thread."""
-    _, _, positions = grouped
-    sampler = make_sampler("default", 0, SearchSpace(
-        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), (),
-        Deferred(lambda: positions)))
-    names = list(sampler.varying)
-    flat = [dict(p) for group in positions for p in group]
-    table, inline = sampler.model._table_over(names), _Table.build(flat, names)
-    assert table is sampler.model._prepared.get()[1]  # the background one, not rebuilt
-    assert table.names == inline.names and table.rows == inline.rows
-    assert np.array_equal(table.values, inline.values)
-    # the column-wise build gives what a row at a time gave
-    assert np.array_equal(table.values, np.array([[float(p[n]) for n in names] for p in flat]))
-    assert table.values.flags.c_contiguous
-    assert list(table.rows.items()) == [(_key({n: p[n] for n in names}), row)
-                                        for row, p in enumerate(flat)]
-    for (distinct, inverse), (distinct_inline, inverse_inline) in zip(table.columns,
-                                                                      inline.columns):
-        assert np.array_equal(distinct, distinct_inline)
-        assert np.array_equal(inverse, inverse_inline)
-    assert sampler.model.accepted == flat
-    groups, group_of = sampler._grouped.get()
-    assert groups is positions
-    inline_index = {_key({n: int(p[n]) for n in names}): index
-                    for index, group in enumerate(positions) for p in group}
-    assert list(group_of.items()) == list(inline_index.items())
-
-
-def test_an_error_building_the_tables_surfaces_at_the_first_ask_that_needs_them(grouped):
-    """The start-up asks need no table; the first model ask raises the build's error."""
-    def broken() -> list:
-        raise RuntimeError("no groups today")
-
-    sampler = make_sampler("default", 0, SearchSpace(
-        space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), (),
-        Deferred(broken)))
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    for _ in range(STARTUP_TRIALS):
-        trial = study.ask(space.distributions(WARPTILE))
-        trial.set_user_attr("state", "ok")
-        study.tell(trial, _speed(space.config_from_params(WARPTILE, trial.params)))
-    with pytest.raises(RuntimeError, match="no groups today"):
-        study.ask(space.distributions(WARPTILE))
 
 
 def test_the_ask_cost_bench_runs():

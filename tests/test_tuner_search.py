@@ -273,49 +273,6 @@ def test_the_prior_ranks_enough_startup_configs_for_the_window(store, monkeypatc
     assert counts == [STARTUP_TRIALS + 4]
 
 
-def test_an_error_computing_the_groups_in_the_background_fails_the_study(store, monkeypatch):
-    """The geometry groups' positions are computed on a thread (issue 19): their error is
-    raised by the study (at its first model ask, after the start-up), not lost."""
-    from tuner.search.samplers import STARTUP_TRIALS
-    from tuner.search.study import _StudyRun
-
-    def broken(self):
-        raise RuntimeError("no groups today")
-
-    monkeypatch.setattr(_StudyRun, "_geometry_groups", broken)
-    evaluator = StandInEvaluator()
-    with pytest.raises(RuntimeError, match="no groups today"):
-        run_study(session_for(store, evaluator, prior_compiles=0), BLOCKTILE1D, P1024,
-                  Budget(trials=STARTUP_TRIALS + 4, timeout_s=None, patience=None))
-    assert len(evaluator.calls) == STARTUP_TRIALS
-    database, _ = store
-    assert database.get_run(1).state == "failed"
-
-
-def test_the_groups_are_computed_once_after_the_first_submission(store, monkeypatch):
-    """The sampler's tables take the CPU only once the GPU has work (issue 19)."""
-    from tuner.search import study
-    from tuner.search.samplers import STARTUP_TRIALS
-
-    events: list[str] = []
-    real_submit, real_groups = study.submit, study._StudyRun._geometry_groups
-
-    def submit(*args, **kwargs):
-        events.append("submit")
-        return real_submit(*args, **kwargs)
-
-    def groups(self):
-        events.append("groups")
-        return real_groups(self)
-
-    monkeypatch.setattr(study, "submit", submit)
-    monkeypatch.setattr(study._StudyRun, "_geometry_groups", groups)
-    outcome = run_study(session_for(store, StandInEvaluator(), prior_compiles=0), BLOCKTILE1D,
-                        P1024, Budget(trials=STARTUP_TRIALS + 4, timeout_s=None, patience=None))
-    assert outcome.measured == STARTUP_TRIALS + 4
-    assert events.count("groups") == 1 and events[0] == "submit"
-
-
 def test_a_family_not_offered_on_the_gpus_architecture_gets_no_study(store, caplog):
     class Ampere(StandInEvaluator):
         def arch(self) -> str:

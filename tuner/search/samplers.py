@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import threading
 import warnings
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import optuna
@@ -67,70 +65,6 @@ MAX_DRAWS = 30
 GROUP_TRIES = 4
 
 Params = Mapping[str, Any]
-T = TypeVar("T")
-U = TypeVar("U")
-
-
-class Deferred(Generic[T]):
-    """A value computed on a daemon thread once started (at construction unless
-    ``start=False``); ``get`` waits for it (starting it if nobody did) and raises what the
-    computation raised. A study's sampler tables (O(accepted configs) of Python) are first
-    needed after its start-up trials, so they are built while those measure instead of
-    between studies, with the GPU idle (issue 19); the study starts them once the GPU has work,
-    so that their GIL time does not slow its own start."""
-
-    def __init__(self, compute: Callable[[], T], name: str = "gemmtune-deferred", *,
-                 start: bool = True) -> None:
-        self._compute, self._name = compute, name
-        self._future: Future[T] = Future()
-        self._lock = threading.Lock()
-        self._started = False
-        self._dependents: list[Deferred[Any]] = []  # started with this one
-        if start:
-            self.start()
-
-    def start(self) -> None:
-        """Start the computation and those derived from it (``then``); once."""
-        with self._lock:
-            if self._started:
-                return
-            self._started = True
-            dependents = list(self._dependents)
-        threading.Thread(target=self._run, name=self._name, daemon=True).start()
-        for dependent in dependents:
-            dependent.start()
-
-    def then(self, compute: Callable[[T], U], name: str) -> Deferred[U]:
-        """``compute`` of this value, on its own thread, started when this one is."""
-        dependent: Deferred[U] = Deferred(lambda: compute(self.get()), name, start=False)
-        with self._lock:
-            started = self._started
-            if not started:
-                self._dependents.append(dependent)
-        if started:
-            dependent.start()
-        return dependent
-
-    def _run(self) -> None:
-        try:
-            self._future.set_result(self._compute())
-        except BaseException as error:  # handed to whoever asks for the value
-            self._future.set_exception(error)
-
-    def get(self) -> T:
-        self.start()  # needed before its owner started it (e.g. a resumed study's first ask)
-        return self._future.result()
-
-
-def derived(source: T | Deferred[T], compute: Callable[[T], U], name: str) -> Deferred[U]:
-    """``compute(source)`` on a thread: started with ``source`` where that is a Deferred,
-    else at once."""
-    if isinstance(source, Deferred):
-        return source.then(compute, name)
-    return Deferred(lambda: compute(source), name)
-
-
-Groups = Sequence[Sequence[Params]]
 
 
 @dataclass(frozen=True)
@@ -143,9 +77,8 @@ class SearchSpace:
     # (tuner.search.prior: a static estimate from geometry and compile-time resources)
     startup: Sequence[Params] = ()
     # params (positions) of every accepted config, partitioned by geometry
-    # (tuner.search.prior.group_configs), or their Deferred computation; empty where the space
-    # is not enumerated
-    groups: Groups | Deferred[Groups] = ()
+    # (tuner.search.prior.group_configs); empty where the space is not enumerated
+    groups: Sequence[Sequence[Params]] = ()
     # the model sampler's accepted configs, features and examples of other problems
     # (tuner.search.learned.LearnedSpace); None for the other samplers
     learned: Any = None
@@ -166,8 +99,7 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
         if space is None:
             raise ValueError(f"the {name} sampler needs the study's SearchSpace")
         tpe = dict(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=0)
-        model = (EnumeratedTPE(derived(space.groups, _flat, "gemmtune-accepted"),
-                               names=list(_varying(space.distributions)), **tpe)
+        model = (EnumeratedTPE([p for group in space.groups for p in group], **tpe)
                  if space.groups else optuna.samplers.TPESampler(**tpe))
         return FeasibleSampler(model, space, seed=seed,
                                startup_trials=STARTUP_TRIALS + space.model_picks)
@@ -193,28 +125,8 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace | None = None
     raise ValueError(f"unknown sampler {name!r}; allowed: {', '.join(SAMPLERS)}")
 
 
-def _flat(groups: Groups) -> list[Params]:
-    return [p for group in groups for p in group]
-
-
-def _varying(distributions: Mapping[str, BaseDistribution]) -> dict[str, BaseDistribution]:
-    """The parameters with more than one value: the joint search space of the model."""
-    return {name: d for name, d in distributions.items() if not d.single()}
-
-
 def _key(params: Params) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((name, int(value)) for name, value in params.items()))
-
-
-def _keys(columns: Sequence[Sequence[int]], names: Sequence[str]
-          ) -> Iterator[tuple[tuple[str, int], ...]]:
-    """``_key`` of each row of ``columns`` (one list of ints per name), without a dict and a
-    sort per row: the names are sorted once (they are distinct, so ``_key``'s sort is by
-    name)."""
-    order = sorted(range(len(names)), key=lambda j: names[j])
-    if not order:
-        return iter([()] * (len(columns[0]) if columns else 0))
-    return zip(*([(names[j], value) for value in columns[j]] for j in order))
 
 
 def _seen(trials: Sequence[FrozenTrial], names: Sequence[str]) -> set[tuple[tuple[str, int], ...]]:
@@ -234,13 +146,9 @@ class _Table:
 
     @classmethod
     def build(cls, configs: Sequence[Params], names: Sequence[str]) -> _Table:
-        # built a column at a time (one list per name, not a list per config): the same
-        # float64 values in the same (C) layout, in a quarter of the time
-        values = np.ascontiguousarray(np.array(
-            [[p[n] for p in configs] for n in names], dtype=np.float64
-        ).reshape(len(names), len(configs)).T)
-        rows = {key: row for row, key in enumerate(
-            _keys([values[:, j].astype(np.int64).tolist() for j in range(len(names))], names))}
+        values = np.array([[float(p[n]) for n in names] for p in configs],
+                          dtype=np.float64).reshape(len(configs), len(names))
+        rows = {_key({n: p[n] for n in names}): row for row, p in enumerate(configs)}
         columns = tuple(np.unique(values[:, j], return_inverse=True) for j in range(len(names)))
         return cls(tuple(names), values, rows, columns)
 
@@ -287,28 +195,17 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     measured or in flight, weighted by l(x) — TPE's own candidate distribution restricted to
     what can run — and ranked by TPE's l(x)/g(x). Everything else is TPESampler's: the split
     into good and bad trials, the Parzen estimators and their bandwidths, constant liar. It
-    overrides TPESampler's private ``_sample`` and uses its helpers (hence ``optuna<6``).
+    overrides TPESampler's private ``_sample`` and uses its helpers (hence ``optuna<6``)."""
 
-    ``names``: the search space's parameter names where known ahead; the table over them is
-    then built on a thread from construction on (``Deferred``), else at the first ask."""
-
-    def __init__(self, accepted: Sequence[Params] | Deferred[Sequence[Params]],
-                 names: Sequence[str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, accepted: Sequence[Params], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._prepared = derived(accepted, lambda configs: _prepare_table(configs, names),
-                                 "gemmtune-tpe-table")
+        self.accepted = [dict(p) for p in accepted]
         self._table: _Table | None = None
-
-    @property
-    def accepted(self) -> list[dict[str, Any]]:
-        return self._prepared.get()[0]
 
     def _table_over(self, names: Sequence[str]) -> _Table:
         """The accepted configs over ``names`` as arrays (built once per search space): an ask
         then selects its candidates with a mask instead of a Python pass over 10⁴-10⁵ configs,
         which cost most of its time (issue 19)."""
-        if self._table is None:
-            self._table = self._prepared.get()[1]
         if self._table is None or self._table.names != tuple(names):
             self._table = _Table.build(self.accepted, names)
         return self._table
@@ -338,12 +235,6 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
         return {n: search_space[n].to_external_repr(best[n]) for n in names}
 
 
-def _prepare_table(accepted: Sequence[Params], names: Sequence[str] | None
-                   ) -> tuple[list[dict[str, Any]], _Table | None]:
-    configs = [dict(p) for p in accepted]
-    return configs, None if names is None else _Table.build(configs, names)
-
-
 class FeasibleSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the constraints accept and the study has not seen: the first
     ``startup_trials`` (warm-start trials not counted; asks made while those are still in
@@ -361,16 +252,12 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.model, self.space = model, space
         self.startup_trials = startup_trials
         self.rng = random.Random(seed)
-        self.varying = _varying(space.distributions)
-        # the groups, and each member's group by its key over the varying parameters (what
-        # the study's trials hold): first needed after the start-up, so built meanwhile
-        self._grouped = derived(space.groups, self._index, "gemmtune-group-index")
-
-    def _index(self, groups: Groups) -> tuple[Groups, dict[tuple[tuple[str, int], ...], int]]:
-        names = list(self.varying)
-        columns = [[int(p[n]) for group in groups for p in group] for n in names]
-        return groups, dict(zip(_keys(columns, names),
-                                (index for index, group in enumerate(groups) for _ in group)))
+        self.varying = {name: d for name, d in space.distributions.items() if not d.single()}
+        # the groups over the varying parameters (what the study's trials hold)
+        self.groups = [[{n: int(p[n]) for n in self.varying} for p in group]
+                       for group in space.groups]
+        self.group_of = {_key(p): index for index, group in enumerate(self.groups)
+                         for p in group}
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -412,14 +299,13 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         """An unseen member of the geometry group of the best measured config, while that group
         has fewer than ``GROUP_TRIES`` measured; {} otherwise."""
         scored = [t for t in measured if t.value is not None and set(names) <= t.params.keys()]
-        groups, group_of = self._grouped.get()
-        if not scored or not group_of:
+        if not scored or not self.group_of:
             return {}
         best = max(scored, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-        index = group_of.get(_key({n: best.params[n] for n in names}))
+        index = self.group_of.get(_key({n: best.params[n] for n in names}))
         if index is None:
             return {}
-        members = [{n: int(p[n]) for n in self.varying} for p in groups[index]]
+        members = self.groups[index]
         if sum(1 for p in members if _key(p) in seen) >= GROUP_TRIES:
             return {}
         left = [p for p in members if _key(p) not in seen]

@@ -33,8 +33,8 @@ from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
                                   model_picks, unit_held_out)
-from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, Deferred,
-                                   SearchSpace, make_sampler)
+from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, SearchSpace,
+                                   make_sampler)
 from tuner.search.warmstart import warm_start_configs
 from tuner.search.writer import StoreWriter, done
 
@@ -317,13 +317,8 @@ class _StudyRun:
         if session.sampler == "hybrid" and wants_startup and learned is not None:
             picks = model_picks(learned, family.name, HYBRID_PICKS, session.seed)
             startup = picks + [p for p in startup if p not in picks]
-        # The groups' positions, and the sampler's tables from them, are first needed after
-        # the start-up: computed meanwhile, from the first submission on (_submit_ready).
-        groups = (Deferred(self._geometry_groups, "gemmtune-groups", start=False)
-                  if self.groups else ())
-        self.background = groups if isinstance(groups, Deferred) else None
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   startup, groups,
+                                   startup, self._geometry_groups(),
                                    learned if session.sampler == "model" else None,
                                    model_picks=len(picks))
         self.study = optuna.create_study(
@@ -672,9 +667,6 @@ class _StudyRun:
             started_at = datetime.now(timezone.utc)
             ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
             self.submitted.append(_Submitted(item, ticket, started_at))
-        if self.submitted and self.background is not None:
-            self.background.start()  # the GPU has work: the tables may take the CPU now
-            self.background = None
 
     def _next_compiled(self) -> _Pending | None:
         """The first window candidate whose compile is done, so a slow compile at the head does
