@@ -158,3 +158,33 @@ def test_the_ask_cost_bench_runs():
     out = subprocess.run([sys.executable, str(bench), "--family", "blocktile2d", "--asks", "12"],
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith("blocktile2d: 5076 accepted configs, ") and "ms per ask" in out
+
+
+def test_the_tables_built_from_columns_equal_those_built_a_config_at_a_time():
+    """The sampler's lookup tables are built column-wise (issue 19: a study's start waits for
+    them); a test that fails if they ever differ from the plain per-config construction."""
+    import random
+
+    import numpy as np
+    from optuna.distributions import IntDistribution
+
+    from tuner.search.samplers import _key, _Table
+
+    rng = random.Random(5)
+    names = ["BM", "BK", "WM", "STAGES"]  # not sorted: the keys' order must still be by name
+    configs = list({tuple(rng.choice([1, 2, 4, 8, 16, 32]) for _ in names): None
+                    for _ in range(400)})
+    params = [dict(zip(names, c)) for c in configs]
+    table = _Table.build(params, names)
+    assert np.array_equal(table.values, np.array([[float(p[n]) for n in names] for p in params]))
+    assert table.values.flags.c_contiguous
+    assert list(table.rows.items()) == [(_key(p), row) for row, p in enumerate(params)]
+
+    groups = [params[i:i + 37] for i in range(0, len(params), 37)]
+    distributions = {n: IntDistribution(0, 64) for n in names} | {"FIXED": IntDistribution(3, 3)}
+    sampler = FeasibleSampler(optuna.samplers.RandomSampler(seed=0),
+                              SearchSpace(distributions=distributions, feasible=lambda _: True,
+                                          groups=groups),
+                              seed=0, startup_trials=STARTUP_TRIALS)
+    assert list(sampler.group_of.items()) == [(_key(p), index) for index, group in enumerate(groups)
+                                              for p in group]
