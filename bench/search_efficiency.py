@@ -178,8 +178,6 @@ def run_one(job: Job) -> dict[str, Any]:
     from tuner.measure.replay import ReplayEvaluator
     from tuner.search.study import Budget, Session, run_study
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    logging.getLogger("tuner").setLevel(logging.ERROR)
     database, recording = _worker_state(job.recording)
     replay = ReplayEvaluator(recording)
     import kernels
@@ -762,6 +760,15 @@ def merge(paths: list[str], out: Path) -> None:
     report(results, meta, out)
 
 
+def _quiet_worker() -> None:
+    """A pool worker logs only errors (thousands of studies). Set per worker process, not in
+    run_one: a caller running a job in its own process (a test) keeps its logging as it was."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("tuner").setLevel(logging.ERROR)
+
+
 def _run_or_fail(job: Job) -> dict[str, Any]:
     """run_one; a Kernel Tuner strategy that raises is reported, not fatal to the others."""
     if not job.sampler.startswith(KT):
@@ -908,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     failures: dict[str, int] = {}
     broken_rows: set[tuple[str, ...]] = set()
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with ProcessPoolExecutor(max_workers=args.workers, initializer=_quiet_worker) as pool:
         for index, result in enumerate(pool.map(_run_or_fail, jobs, chunksize=1), start=1):
             if "failed" in result:
                 name = result["sampler"]

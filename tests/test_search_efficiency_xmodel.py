@@ -56,8 +56,8 @@ def the_job(paths: tuple[str, str], recording: str, sampler: str) -> Any:
 class InProcess:
     """ProcessPoolExecutor's stand-in: the runs in this process, where the spies are."""
 
-    def __init__(self, max_workers: int) -> None:
-        pass
+    def __init__(self, max_workers: int, initializer: Any = None) -> None:
+        pass  # no initializer: the pool's quieter logging must not reach the tests after this
 
     def __enter__(self) -> InProcess:
         return self
