@@ -1,6 +1,7 @@
 """`python -m gemmtune export-pack [--db URL] [-o pack.json] [--gpu NAME …] [--precision fp32|ffma]`
 writes the best configs per (GPU model, shape, arithmetic class) to a small JSON file.
-`python -m gemmtune explain-pack PACK` lists a pack's entries and whether this installation runs them."""
+`python -m gemmtune show-pack PACK` lists a pack's entries and whether this installation runs them.
+`python -m gemmtune import-pack PACK [--db URL]` stores a pack's entries in a results database."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import db
 import kernels
 
-from .pack import PackError, build_pack, read_pack, write_pack
+from .pack import PackError, build_pack, import_pack, read_pack, write_pack
 from .precision import PRECISION_NAMES
 
 
@@ -27,7 +28,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="also keep results of family versions other than the installed ones")
     show = sub.add_parser("show-pack", help="list a pack's entries and whether this installation can run them")
     show.add_argument("pack")
+    imp = sub.add_parser("import-pack", help="store a pack's entries in a results database (one run each)")
+    imp.add_argument("pack")
+    imp.add_argument("--db", default=None, help=f"results database URL (default: $GEMMTUNE_DB, then {db.default_url()})")
     args = ap.parse_args(argv)
+
+    if args.command == "import-pack":
+        try:
+            pack = read_pack(args.pack)
+            with db.open_database(args.db) as database:
+                stored = import_pack(pack, database, source=args.pack)
+        except (PackError, db.StorageError) as exc:
+            ap.exit(2, f"{exc}\n")
+        print(f"stored {stored} entries of {args.pack} in {db.resolve_url(args.db)}")
+        return 0
 
     if args.command == "show-pack":
         try:

@@ -4,16 +4,22 @@ provenance, for `matmul` on machines with no database (as CLBlast ships its tuni
     {"format": "gemmtune-pack", "version": 1, "created_at": "…Z", "database": "<url, no password>",
      "entries": [{"gpu", "m", "n", "k", "precision": "ffma" | "fp32-tc", "family", "source_hash",
                   "config": {…}, "gflops", "time_median_ms", "cublas_gflops", "fraction_of_cublas",
-                  "run_id", "trial_id", "trial_number"}, …]}
+                  "run_id", "trial_id", "trial_number", "gpu_uuid"}, …],
+     "gpus": {"<uuid>": {"name", "uuid", "compute_capability", "sm_count", "memory_bytes", …}}}
 
 One entry per (GPU model, shape, class): the fastest verified trial of the installed version of
 a family of that class. A request for precision "fp32" picks among both classes, "ffma" among
 "ffma" entries only. Built by `python -m gemmtune export-pack` and GET /api/pack (same code).
+`python -m gemmtune import-pack` stores a pack's entries in a results database (one finished run
+of one trial per entry, with its cuBLAS baseline), so a service or the dashboard can serve
+results tuned elsewhere; it needs the "gpus" records (packs of older exports lack them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import socket
 import threading
 import warnings
 from collections.abc import Iterable
@@ -57,9 +63,43 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
             continue
         best.setdefault((r.gpu_name, p.m, p.n, p.k, fam.precision), r)
     entries = [_entry(cls, r) for (_, _, _, _, cls), r in sorted(best.items(), key=lambda kv: kv[0])]
+    boards = {e["gpu_uuid"] for e in entries}
+    gpus = {g.uuid: {f.name: getattr(g, f.name) for f in dataclasses.fields(db.GpuInfo)}
+            for g in database.list_gpus() if g.uuid in boards}
     return {"format": FORMAT, "version": VERSION,
             "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "database": _label(database.url), "precision": precision, "entries": entries}
+            "database": _label(database.url), "precision": precision, "entries": entries,
+            "gpus": gpus}
+
+
+def import_pack(pack: dict[str, Any], database: db.Database, *, source: str) -> int:
+    """Store each entry of ``pack`` (as read_pack returns it) as one finished run of one verified
+    trial, with its cuBLAS baseline where the pack has one; returns the runs stored. ``source``
+    names the pack in each run's command. PackError (nothing stored) when a board's record is
+    missing."""
+    gpus = pack.get("gpus") or {}
+    lacking = sorted({e["gpu"] for e in pack["entries"] if e.get("gpu_uuid") not in gpus})
+    if lacking:
+        raise PackError(f"pack {source} has no GPU record for {', '.join(lacking)} (written by an "
+                        "older export-pack): export it again to import it")
+    for e in pack["entries"]:
+        gpu_id = database.ensure_gpu(db.GpuInfo(**gpus[e["gpu_uuid"]]))
+        problem_id = database.ensure_problem(e["m"], e["n"], e["k"])
+        run_id = database.start_run(
+            gpu_id=gpu_id, problem_id=problem_id,
+            family_id=database.ensure_family(e["family"], e["source_hash"]), sampler="pack",
+            seed=None, budget={}, host=socket.gethostname(), command=f"import-pack {source}",
+            study_name=None)
+        database.add_trial(run_id, db.TrialRecord(
+            number=0, params=dict(e["config"]), state="ok", time_median_ms=e.get("time_median_ms"),
+            gflops=e["gflops"]))
+        database.finish_run(run_id, "finished")
+        cublas = e.get("cublas_gflops")
+        if cublas:
+            flop = 2.0 * e["m"] * e["n"] * e["k"]
+            database.add_baseline(gpu_id=gpu_id, problem_id=problem_id, run_id=run_id,
+                                  time_median_ms=flop / (cublas * 1e6), gflops=cublas)
+    return len(pack["entries"])
 
 
 def _label(url: str) -> str:
@@ -75,7 +115,7 @@ def _entry(cls: str, r: db.BestResult) -> dict[str, Any]:
         "source_hash": r.source_hash, "config": dict(r.params), "gflops": r.gflops,
         "time_median_ms": r.time_median_ms, "cublas_gflops": r.baseline_gflops,
         "fraction_of_cublas": r.fraction_of_cublas, "run_id": r.run_id, "trial_id": r.trial_id,
-        "trial_number": r.trial_number,
+        "trial_number": r.trial_number, "gpu_uuid": r.gpu_uuid,
     }  # fmt: skip
 
 

@@ -1,12 +1,14 @@
-"""The committed two-model results (examples/results-h100-h200.sqlite, issue 17 part 1): the
-default command's studies on an H100 and an H200. A fresh checkout's API and dashboard show both
-models; /api/best answers each model from its own results, where they differ too, and a model
-never seen only through fallback_gpu."""
+"""The committed two-model results (examples/pack-h100-h200.json, issue 17 part 1): the best of
+the default command's studies on an H100 and an H200, imported into a results database as a fresh
+checkout does (`python -m gemmtune import-pack`). The API and dashboard show both models;
+/api/best answers each model from its own results, where they differ too, and a model never seen
+only through fallback_gpu."""
 
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import db
@@ -16,7 +18,6 @@ from fastapi.testclient import TestClient
 from api import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "examples" / "results-h100-h200.sqlite"
 PACK = ROOT / "examples" / "pack-h100-h200.json"
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 DEFAULT_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (256, 256, 16384), (16384, 128, 1024),
@@ -25,9 +26,13 @@ DEFAULT_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (256, 256, 16384), (16
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    copy = tmp_path_factory.mktemp("examples") / "results.sqlite"
-    shutil.copy(RESULTS, copy)  # opening may migrate it: never write the committed file
-    return f"sqlite:///{copy}"
+    """A results database made from the pack by the README's command."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('examples') / 'results.sqlite'}"
+    done = subprocess.run([sys.executable, "-m", "gemmtune", "import-pack", str(PACK), "--db", url],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "stored 21 entries" in done.stdout
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +88,17 @@ def test_the_dashboard_overview_shows_both_models(client: TestClient) -> None:
 def test_the_committed_pack_holds_both_models() -> None:
     pack = json.loads(PACK.read_text())
     assert {e["gpu"] for e in pack["entries"]} == {H100, H200}
+
+
+def test_a_pack_without_gpu_records_is_refused_and_nothing_is_stored(tmp_path: Path) -> None:
+    pack = json.loads(PACK.read_text())
+    del pack["gpus"]  # as older export-pack wrote them
+    old = tmp_path / "old-pack.json"
+    old.write_text(json.dumps(pack))
+    url = f"sqlite:///{tmp_path / 'results.sqlite'}"
+    done = subprocess.run([sys.executable, "-m", "gemmtune", "import-pack", str(old), "--db", url],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "no GPU record for" in done.stderr and "export it again" in done.stderr
+    with db.open_database(url) as database:
+        assert database.list_gpus() == [] and database.list_runs() == []
