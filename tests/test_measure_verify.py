@@ -18,6 +18,7 @@ import pytest
 from kernels import Launch, compile_config, get_family
 from kernels.compiler import compile_program, parse_ptxas_report
 from kernels.reference import relative_error, tolerance
+from tuner.measure.testing import PLANTED_OK, PlantedFamily
 from tuner.measure.verify import KERNEL, SOURCE, compile_verify, relative_from_sums
 
 
@@ -68,22 +69,6 @@ def test_sums_combine_as_relative_error(case):
 # Odd shapes; the last has more elements than one pass of the reduction's grid (1024 x 256).
 SHAPES = [(127, 129, 65), (1, 1, 1), (1023, 1025, 33)]
 
-# One thread per element: a correct GEMM, or one that ignores beta (right only for beta = 0).
-_TOY = r"""
-extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
-                             const float* B, int ldb, float beta, float* C, int ldc, float* workspace) {
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (long long)M * N) return;
-    int row = (int)(idx / N), col = (int)(idx % N);
-    float acc = 0.0f;
-    for (int i = 0; i < K; ++i) acc += A[(long long)row * lda + i] * B[(long long)i * ldb + col];
-    float* c = C + (long long)row * ldc + col;
-    *c = IGNORE_BETA || beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
-}
-extern "C" __global__ void nothing(int M, int N, int K, float alpha, const float* A, int lda,
-                                   const float* B, int ldb, float beta, float* C, int ldc,
-                                   float* workspace) {}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +92,9 @@ def family_kernels(bench, tmp_path_factory):
 
 
 def _toy_cubin(bench, ignore_beta: bool) -> bytes:
-    return compile_program(f"#define IGNORE_BETA {int(ignore_beta)}\n{_TOY}", bench.arch(), "toy.cu")[0]
+    """The planted family's correct GEMM, or (ignore_beta) one right only for beta = 0."""
+    source = f"#define MODE {PLANTED_OK}\n#define IGNORE_BETA {int(ignore_beta)}\n{PlantedFamily().source}"
+    return compile_program(source, bench.arch(), "toy.cu")[0]
 
 
 def _toy_launch(kernel: str, m: int, n: int) -> list[Launch]:

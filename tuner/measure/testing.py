@@ -203,9 +203,13 @@ class GpuBench:
 _PLANTED_SOURCE = r"""
 // A correct but slow GEMM (MODE 0), or a planted fault: an illegal address (MODE 1), a
 // kernel that never ends (MODE 2), or source that does not compile (MODE 3).
-// One thread per element of C.
+// One thread per element of C. Wrong results for the verification's tests: IGNORE_BETA 1 (right
+// only for beta = 0) and the kernel `nothing` (writes no output).
 #if MODE == 3
 #error planted compile error
+#endif
+#ifndef IGNORE_BETA
+#define IGNORE_BETA 0
 #endif
 extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
                              const float* B, int ldb, float beta, float* C, int ldc,
@@ -227,8 +231,11 @@ extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, i
     float acc = 0.0f;
     for (int i = 0; i < K; ++i) acc += A[(long long)row * lda + i] * B[(long long)i * ldb + col];
     float* c = C + (long long)row * ldc + col;
-    *c = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    *c = IGNORE_BETA || beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
 }
+extern "C" __global__ void nothing(int M, int N, int K, float alpha, const float* A, int lda,
+                                   const float* B, int ldb, float beta, float* C, int ldc,
+                                   float* workspace) {}
 """
 
 PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP, PLANTED_COMPILE_ERROR = 0, 1, 2, 3
