@@ -65,7 +65,7 @@ from tuner.measure.live import BACKEND_ENV
 from tuner.problem import ShapeError, parse_shape
 from tuner.run.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from tuner.run.storage import open_storage
-from tuner.search.fleet import WORKER_ATTR
+from tuner.search.fleet import WORKER_ATTR, worker_id
 from tuner.search.space import config_from_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,9 +194,9 @@ class Worker:
 
     @property
     def worker_id(self) -> str:
-        """How its claims name it in the storage (tuner.search.fleet.worker_id)."""
+        """How its claims name it in the storage."""
         assert self.process is not None
-        return f"{socket.gethostname()}/pid{self.process.pid}"
+        return worker_id(self.process.pid)
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)

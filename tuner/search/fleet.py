@@ -41,8 +41,9 @@ OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
 WORKER_ATTR = "worker"
 
 
-def worker_id() -> str:
-    return f"{socket.gethostname()}/pid{os.getpid()}"
+def worker_id(pid: int | None = None) -> str:
+    """How a claim names its worker: this process, or the process ``pid`` on this host."""
+    return f"{socket.gethostname()}/pid{os.getpid() if pid is None else pid}"
 
 
 def heartbeats_on(storage: BaseStorage) -> bool:
