@@ -113,10 +113,37 @@ def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
                                 geom.shared_bytes + usage.shared_static_bytes)
     except ValueError:  # an architecture without limits, or threads out of range
         return 0.0
-    if occ.blocks_per_sm < 1 or geom.blocks < 1:
+    return _rate_at(geom, occ.blocks_per_sm, usage.spill_bytes, target, k)
+
+
+def best_rate(geom: Geometry, target: Target, k: int) -> float:
+    """An upper bound of ``rate`` over every usage ptxas could report for ``geom``, which lets
+    the prior skip compiles that cannot change its ranking. Resources enter ``rate`` only through
+    the blocks resident per SM and the spills. Each thread keeps its share of the block's
+    outputs (``outputs_per_thread``, q) in registers through the K loop, so r < q registers
+    spill at least 4·(q − r) bytes (true of every ok config in tests/data/recordings). For
+    each register count (in the allocation's steps of 8) the bound takes the least spill and the
+    best of the block counts it allows (static shared memory can only lower them)."""
+    q = geom.outputs_per_thread
+    best = 0.0
+    for registers in [*range(8, 256, 8), 255]:
+        try:
+            most = kernels.occupancy(target.arch, geom.threads, registers,
+                                     geom.shared_bytes).blocks_per_sm
+        except ValueError:
+            return 0.0
+        spill = max(0.0, 4.0 * (q - registers))
+        best = max([best, *(_rate_at(geom, blocks, spill, target, k)
+                            for blocks in range(1, most + 1))])
+    return best
+
+
+def _rate_at(geom: Geometry, blocks_per_sm: int, spill_bytes: float, target: Target, k: int
+             ) -> float:
+    if blocks_per_sm < 1 or geom.blocks < 1:
         return 0.0
     per_sm = math.ceil(geom.blocks / target.sm_count)  # blocks on the busiest SM
-    resident = min(occ.blocks_per_sm, per_sm)
+    resident = min(blocks_per_sm, per_sm)
     rounds = math.ceil(per_sm / resident)
     warps = resident * geom.threads / 32
     q = geom.outputs_per_thread
@@ -128,7 +155,7 @@ def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
     glob = reuse / (reuse + GLOBAL_REUSE_HALF)
     depth = geom.shared_bytes / (4.0 * (bm + bn))  # 0: no dynamic shared memory, no term
     staging = depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0
-    spill = 1.0 / (1.0 + usage.spill_bytes / SPILL_HALF_BYTES)
+    spill = 1.0 / (1.0 + spill_bytes / SPILL_HALF_BYTES)
     # time on the busiest SM: rounds of `resident` blocks, each block's work bm·bn·K/splits
     work = rounds * resident * bm * bn * (k / geom.splits)
     return issue * smem * glob * staging * spill / work
@@ -179,7 +206,8 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
                     ) -> list[dict[str, int]]:
     """``count`` accepted configs to measure first: groups (``group_configs``) are ranked by the
     estimate (registers estimated), the best ones are compiled (one seeded pick per group, at
-    most ``max_compiles``) and ranked again by their real registers and spills; the start-up is
+    most ``max_compiles``, fewer where the rest cannot matter: ``best_rate``) and ranked again
+    by their real registers and spills; the start-up is
     then the best groups in order, ``per_group`` configs of each (the compiled pick first, the
     others seeded draws from the group). ``groups``: ``group_configs`` of ``accepted``, where
     the caller has it already. ``workers``: compile threads (default: one per core)."""
@@ -192,21 +220,46 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
               for key, (geom, _) in groups.items()}
     if resources is not None:
         started = time.perf_counter()
-        top = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
-        # NVRTC runs outside the GIL for the most part: threads spread the compiles over the cores.
-        threads = workers or os.cpu_count() or 1
-        with ThreadPoolExecutor(max_workers=max(1, min(len(top), threads))) as pool:
-            usages = list(pool.map(lambda key: resources(picks[key]), top))
-        for key, usage in zip(top, usages):
-            ranking.compiled += 1
-            scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
+        left = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
+        bound = {key: best_rate(groups[key][0], target, k) for key in left}
+        # NVRTC runs outside the GIL for the most part: threads spread the compiles over the
+        # cores, a round of one per thread at a time, in the estimate's order. Compiling stops
+        # once no group left could rank among the chosen whatever ptxas reports for it: the
+        # start-up is then exactly the one compiling all of them would give (tested), for a
+        # third of the compiles where the estimate is close (bench/NOTES.md, issue 19).
+        threads = max(1, workers or os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(left), threads))) as pool:
+            while left:
+                batch, left = left[:threads], left[threads:]
+                for key, usage in zip(batch, pool.map(lambda key: resources(picks[key]), batch)):
+                    ranking.compiled += 1
+                    scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
+                last = _last_chosen(scored, groups, count, per_group, excluding=set(left))
+                if last is not None and all(bound[key] < last for key in left):
+                    break
         ranking.compile_seconds = time.perf_counter() - started
-    best = sorted((key for key in scored if scored[key] > 0), key=scored.__getitem__,
-                  reverse=True)
     chosen: list[dict[str, int]] = []
-    for key in best:
+    for key in _ranked(scored):
         others = [c for c in groups[key][1] if c is not picks[key]]
         chosen += [picks[key], *rng.sample(others, min(len(others), per_group - 1))]
         if len(chosen) >= count:
             break
     return chosen[:count]
+
+
+def _ranked(scored: Mapping[tuple[int, ...], float]) -> list[tuple[int, ...]]:
+    """Groups that can run, best first (ties in the groups' order)."""
+    return sorted((key for key in scored if scored[key] > 0), key=scored.__getitem__,
+                  reverse=True)
+
+
+def _last_chosen(scored: Mapping[tuple[int, ...], float], groups: Groups, count: int,
+                 per_group: int, excluding: set[tuple[int, ...]]) -> float | None:
+    """The score of the last group the start-up takes when the ``excluding`` ones rank after
+    it; None where the others do not fill the start-up."""
+    taken = 0
+    for key in _ranked({key: v for key, v in scored.items() if key not in excluding}):
+        taken += min(len(groups[key][1]), per_group)
+        if taken >= count:
+            return scored[key]
+    return None
