@@ -150,6 +150,38 @@ def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str
     return argv
 
 
+def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, float]],
+               tuning_span: tuple[float, float], excluded: list[tuple[float, float]] = (),
+               ) -> dict[str, Any]:  # type: ignore[assignment]
+    """When the GPU child had no candidate to work on, from its answers' (start, end) spans,
+    within the tuning span (the one-time ``excluded`` spans left out): before its first answer
+    (the first study's set-up and first compiles), after its last (the last study's end, the
+    command's shut-down), and each gap between two answers, charged to ``between_studies``
+    where a study's loop ended inside it (the next study's set-up, first asks and compiles),
+    else to ``in_studies`` (compile waits, asks, stores that let the queue run dry)."""
+    spans = sorted(child_spans)
+    wall_from, wall_to = tuning_span
+
+    def length(a: float, b: float) -> float:
+        cut = sum(max(0.0, min(b, y) - max(a, x)) for x, y in excluded)
+        return max(0.0, (b - a) - cut)
+
+    idle = {"before_first_s": length(wall_from, spans[0][0]) if spans else 0.0,
+            "between_studies_s": 0.0, "in_studies_s": 0.0,
+            "after_last_s": length(spans[-1][1], wall_to) if spans else 0.0}
+    long_gaps = 0
+    for (_, a), (b, _) in zip(spans, spans[1:]):
+        if b <= a:
+            continue
+        boundary = any(a <= end <= b for _, end in loops)
+        idle["between_studies_s" if boundary else "in_studies_s"] += length(a, b)
+        long_gaps += not boundary and b - a > 0.05
+    wall = length(wall_from, wall_to)
+    busy = sum(b - a for a, b in spans)
+    return {"child_busy_share": busy / wall if wall > 0 else 0.0, **idle,
+            "in_studies_gaps_over_50ms": long_gaps, "studies": len(loops)}
+
+
 def report(phases: Phases, *, wall_s: float, start_s: float, sampler: UtilizationSampler,
            tuning_span: tuple[float, float]) -> dict[str, Any]:
     """The numbers printed and stored: everything per the tuning wall time (start excluded)."""
@@ -189,6 +221,7 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
             "nvml_share": nvml, "nvml_share_in_loops": nvml_loops,
             "nvml_source": sampler.source, "nvml_samples": len(sampler.samples),
         },
+        "child_idle": child_idle(phases.child_spans, phases.loops, tuning_span, setup_spans),
         "raw": phases.as_dict(),
     }
 
@@ -217,6 +250,13 @@ def print_report(result: dict[str, Any]) -> None:
     print("GPU busy, NVML utilization.gpu over tuning wall:     "
           + (f"{nvml:.1%}" if nvml is not None else "-")
           + f"  [{busy['nvml_source']}, {busy['nvml_samples']} samples]")
+    idle = result["child_idle"]
+    print(f"GPU child at work / tuning wall: {idle['child_busy_share']:.1%}; idle "
+          f"{idle['before_first_s']:.2f} s before its first answer, "
+          f"{idle['between_studies_s']:.2f} s between the {idle['studies']} studies, "
+          f"{idle['in_studies_s']:.2f} s inside them "
+          f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
+          f"{idle['after_last_s']:.2f} s after its last")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import db
@@ -85,6 +86,33 @@ def test_the_phases_cover_the_search_loop(tmp_path):
     assert sum(phases.child.values()) >= 0.9 * MEASURE_S * phases.answers
     assert 0 < phases.kernel_s <= sum(phases.child.values())
     assert phases.round_trip_s >= sum(phases.child.values())  # posted → read spans the work
+    # the child's spans: one per answer, in order, inside the loop, as long as its work
+    (start, end), = phases.loops
+    assert len(phases.child_spans) == phases.answers
+    assert all(start <= a < b <= end for a, b in phases.child_spans)
+    assert all(b1 <= a2 for (_, b1), (a2, _) in zip(phases.child_spans, phases.child_spans[1:]))
+    assert sum(b - a for a, b in phases.child_spans) >= sum(phases.child.values())
+
+
+def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
+    throughput = _bench_module()
+    spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0), (5.01, 6.0)]
+    loops = [(0.9, 3.2), (3.6, 6.1)]  # the first study's loop ends in the gap 3.0-4.0
+    idle = throughput.child_idle(spans, loops, (0.0, 7.0), excluded=[(0.0, 0.5)])
+    assert idle["before_first_s"] == pytest.approx(0.5)  # 0.5-1.0: the set-up is excluded
+    assert idle["between_studies_s"] == pytest.approx(1.0)
+    assert idle["in_studies_s"] == pytest.approx(0.5 + 0.01)  # 2.0-2.5, 5.0-5.01
+    assert idle["in_studies_gaps_over_50ms"] == 1
+    assert idle["after_last_s"] == pytest.approx(1.0)
+    assert idle["child_busy_share"] == pytest.approx(3.49 / 6.5)
+
+
+def _bench_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("throughput", ROOT / "bench" / "throughput.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
@@ -104,6 +132,11 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     assert result["gpu_busy"]["kernel_time_s"] > 0
     shares = sum(r["share"] for r in result["phases"].values())
     assert shares == pytest.approx(1.0, abs=1e-6)  # the rows divide the tuning wall time
+    idle = result["child_idle"]
+    busy_s = idle["child_busy_share"] * result["tuning_s"]
+    idle_s = sum(idle[name] for name in ("before_first_s", "between_studies_s", "in_studies_s",
+                                         "after_last_s"))
+    assert busy_s + idle_s == pytest.approx(result["tuning_s"], rel=0.02)  # = the tuning wall
     assert "configs/s" in done.stdout and "kernel time" in done.stdout
 
 
@@ -129,4 +162,30 @@ def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(
     assert measured[0] != prepared[0] and prepared[0] in measured
     assert sorted(map(sorted, map(dict.items, measured))) == \
         sorted(map(sorted, map(dict.items, prepared)))
+    database.close()
+
+
+def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_path):
+    """The window (16 here) stops filling with candidates that the time left cannot measure:
+    at the end, at most about the evaluator's queue was asked and never measured (before, the
+    whole window: 14 compiles thrown away per study with a fresh CUBIN cache)."""
+    from tuner.measure.testing import StandInEvaluator
+
+    class Slow(StandInEvaluator):  # a GPU that takes 20 ms per candidate
+        def evaluate(self, family, config, problem):
+            time.sleep(0.02)
+            return super().evaluate(family, config, problem)
+
+    evaluator = Slow()
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
+                      gpu_name=evaluator.gpu_name, sampler="random", batch=16, progress=False,
+                      warm_start=False)
+    outcome = run_study(session, kernels.get_family("blocktile1d"), Problem(512, 512, 512),
+                        Budget(trials=10_000, timeout_s=2.0, patience=None))
+    assert outcome.stop_reason == "time budget" and outcome.measured_now >= 20
+    asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
+    assert 0 <= asked_unmeasured <= 3, (len(evaluator.prepared), len(evaluator.calls))
     database.close()

@@ -52,6 +52,7 @@ class Phases:
     trials: int = 0  # measurements recorded by the study loops (compile errors included)
     answers: int = 0  # candidates the GPU child answered
     round_trip_s: float = 0.0  # from posting each of them to reading its answer, summed
+    child_spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) each
     _stack: list[list[float]] = field(default_factory=list)  # [start, nested seconds]
 
     @contextmanager
@@ -86,11 +87,14 @@ class Phases:
             self.loops.append((start_wall, time.monotonic()))
 
     def add_child(self, phases: Mapping[str, float] | None, kernel_s: float | None,
-                  round_trip_s: float = 0.0) -> None:
-        """One answer of the GPU child: its per-phase seconds, the kernel time it ran, and how
-        long the request took from posting to its answer being read (queueing included)."""
+                  round_trip_s: float = 0.0, span: tuple[float, float] | None = None) -> None:
+        """One answer of the GPU child: its per-phase seconds, the kernel time it ran, how long
+        the request took from posting to its answer being read (queueing included), and when
+        the child worked on it (``time.monotonic``, the same clock in every process)."""
         self.answers += 1
         self.round_trip_s += round_trip_s
+        if span is not None:
+            self.child_spans.append((float(span[0]), float(span[1])))
         for name, seconds in (phases or {}).items():
             self.child[name] = self.child.get(name, 0.0) + float(seconds)
         self.kernel_s += float(kernel_s or 0.0)

@@ -344,6 +344,8 @@ class _StudyRun:
         self.depth = queue_depth(session.evaluator)
         self.phases = session.phases
         self.measured_now = 0
+        self.deadline: float | None = None  # the loop's time limit (monotonic), if any
+        self.loop_started = 0.0
         self.fruitless = 0
         self.run_id = 0
         self.next_pull = 0.0
@@ -532,9 +534,21 @@ class _StudyRun:
         ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout."""
-        return (self._in_flight() < self.session.batch
+        return (self._in_flight() < min(self.session.batch, self._time_room())
                 and self.tally.measured + self._in_flight() + len(self._others_holding())
                 - taking < self.budget.trials)
+
+    def _time_room(self) -> int:
+        """Candidates that can still be measured before the deadline at this run's rate so
+        far, plus the evaluator's queue: near a time limit the window stops asking for
+        candidates that would be compiled and never measured (a fresh CUBIN cache spent a
+        window's worth of compiles at the end of every study; issue 19). No deadline, or
+        fewer results than the queue holds: no limit but the window's."""
+        if self.deadline is None or self.measured_now < self.depth:
+            return self.session.batch
+        now = time.monotonic()
+        rate = self.measured_now / max(1e-9, now - self.loop_started)
+        return self.depth + math.ceil(max(0.0, self.deadline - now) * rate)
 
     def _take_retries(self) -> None:
         """Take dead workers' candidates, queued as WAITING trials, before asking anew."""
@@ -709,6 +723,7 @@ class _StudyRun:
     def _loop(self, deadline: float | None, bar: tqdm) -> str:
         """Ask and measure until a stop rule holds; returns the reason."""
         self.session.evaluator.set_problem(self.problem)
+        self.deadline, self.loop_started = deadline, time.monotonic()
         with self.phases.loop():
             reason = self._search(deadline, bar)
             while self.submitted:  # measured or being measured: record, whatever the reason
