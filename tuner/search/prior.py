@@ -26,12 +26,13 @@ start-up therefore measures a few members of each of the best groups, not one co
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -220,23 +221,36 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
               for key, (geom, _) in groups.items()}
     if resources is not None:
         started = time.perf_counter()
-        left = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
-        bound = {key: best_rate(groups[key][0], target, k) for key in left}
+        top = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
+        bound = {key: best_rate(groups[key][0], target, k) for key in top}
         # NVRTC runs outside the GIL for the most part: threads spread the compiles over the
-        # cores, a round of one per thread at a time, in the estimate's order. Compiling stops
-        # once no group left could rank among the chosen whatever ptxas reports for it: the
-        # start-up is then exactly the one compiling all of them would give (tested), for a
-        # third of the compiles where the estimate is close (bench/NOTES.md, issue 19).
+        # cores, in the estimate's order. Compiling stops once no group left could rank among
+        # the chosen whatever ptxas reports for it: the start-up is then exactly the one of
+        # compiling all of them (tested), for a third of the compiles where the estimate
+        # settles it (bench/NOTES.md, issue 19). Compiles already running finish unawaited.
         threads = max(1, workers or os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(left), threads))) as pool:
-            while left:
-                batch, left = left[:threads], left[threads:]
-                for key, usage in zip(batch, pool.map(lambda key: resources(picks[key]), batch)):
-                    ranking.compiled += 1
-                    scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
-                last = _last_chosen(scored, groups, count, per_group, excluding=set(left))
-                if last is not None and all(bound[key] < last for key in left):
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(top), threads)))
+        try:
+            jobs = {pool.submit(resources, picks[key]): key for key in top}
+            left = set(top)
+            # the groups not compiled keep their estimate: the best ``count`` of them (each
+            # group gives one config at least) are all that can join the start-up
+            position = {key: index for index, key in enumerate(scored)}
+            fixed = heapq.nsmallest(count, (key for key in scored if key not in left),
+                                    key=lambda key: (-scored[key], position[key]))
+            for job in as_completed(jobs):
+                key = jobs[job]
+                usage = job.result()
+                left.discard(key)
+                ranking.compiled += 1
+                scored[key] = 0.0 if usage is None else rate(groups[key][0], usage, target, k)
+                last = _last_chosen(scored, groups, count, per_group,
+                                    [*fixed, *(other for other in top if other not in left)],
+                                    position)
+                if last is not None and all(bound[other] < last for other in left):
                     break
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         ranking.compile_seconds = time.perf_counter() - started
     chosen: list[dict[str, int]] = []
     for key in _ranked(scored):
@@ -254,11 +268,13 @@ def _ranked(scored: Mapping[tuple[int, ...], float]) -> list[tuple[int, ...]]:
 
 
 def _last_chosen(scored: Mapping[tuple[int, ...], float], groups: Groups, count: int,
-                 per_group: int, excluding: set[tuple[int, ...]]) -> float | None:
-    """The score of the last group the start-up takes when the ``excluding`` ones rank after
-    it; None where the others do not fill the start-up."""
+                 per_group: int, keys: Sequence[tuple[int, ...]],
+                 position: Mapping[tuple[int, ...], int]) -> float | None:
+    """The score of the last group the start-up takes from ``keys`` alone (ties in the groups'
+    order: ``position``); None where they do not fill it."""
     taken = 0
-    for key in _ranked({key: v for key, v in scored.items() if key not in excluding}):
+    for key in sorted((key for key in keys if scored[key] > 0),
+                      key=lambda key: (-scored[key], position[key])):
         taken += min(len(groups[key][1]), per_group)
         if taken >= count:
             return scored[key]
