@@ -189,3 +189,14 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
     asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
     assert 0 <= asked_unmeasured <= 5, (len(evaluator.prepared), len(evaluator.calls))
     database.close()
+
+
+def test_the_compile_processes_start_with_the_evaluator(tmp_path):
+    """Started with the GPU child (one-time start), not at the first compiles of the first
+    study, where the GPU waited ~4 s for them on the H100 host."""
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=2,
+                       backend="tuner.testing") as evaluator:
+        executor = evaluator.pool._executor
+        assert executor is not None and len(executor._processes) == 2
+        assert evaluator.pool.arch == evaluator.arch()
+    assert evaluator.pool._executor is None  # closed with the evaluator

@@ -275,24 +275,40 @@ class Ticket:
     answer: Measurement | None = None
 
 
+def _worker_init(parent_pid: int) -> None:
+    child_init(parent_pid)
+    kernels.nvrtc_version()  # loads NVRTC now: the first compile then only compiles
+
+
 class CompilePool:
-    def __init__(self, arch: str, cache_dir: Path | str | None, workers: int) -> None:
-        self.arch = arch
+    def __init__(self, arch: str | None, cache_dir: Path | str | None, workers: int) -> None:
+        self.arch = arch  # None until known (LiveEvaluator: the GPU child says), before a submit
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = None
 
-    def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
-        # The executor starts its processes here, from the calling thread, and each one's
+    def _pool(self) -> ProcessPoolExecutor:
+        # The executor starts its processes from the calling thread, and each one's
         # parent-death signal is tied to that thread (tuner.lifetime): submit from a thread
         # that lives as long as the pool (the tuner's main thread does).
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                initializer=child_init, initargs=(os.getpid(),),
+                initializer=_worker_init, initargs=(os.getpid(),),
             )
-        return self._executor.submit(_compile_job, _family_ref(family), dict(config), self.arch,
-                                     self.cache_dir)
+        return self._executor
+
+    def start(self) -> list[Future[int]]:
+        """Start every worker process now (each imports the tuner and loads NVRTC, ~1-2 s),
+        instead of at the first compiles, where the GPU would wait for them (issue 19): the
+        executor starts one per job submitted while none is idle. Each answers its pid."""
+        pool = self._pool()
+        return [pool.submit(os.getpid) for _ in range(self.workers)]
+
+    def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
+        assert self.arch is not None, "the pool's architecture is set before its first compile"
+        return self._pool().submit(_compile_job, _family_ref(family), dict(config), self.arch,
+                                   self.cache_dir)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -323,8 +339,17 @@ class LiveEvaluator:
         self.queue_depth = max(1, queue_depth)
         self.phases = Phases()  # the command's one accumulator (the study run adds its own)
         self.child = GpuChild(device, backend, backend_options or {})
-        self.child.start(setup_timeout_s)
-        self.pool = CompilePool(self.child.arch, cache_dir, workers or default_workers())
+        # the compile processes start while the GPU child does (part of the one-time start)
+        self.pool = CompilePool(None, cache_dir, workers or default_workers())
+        try:
+            warming = self.pool.start()
+            self.child.start(setup_timeout_s)
+            self.pool.arch = self.child.arch
+            for future in warming:
+                future.result()
+        except BaseException:
+            self.pool.close()
+            raise
         self.problem: Problem | None = None
         self.replacements = 0
         self._compiles: dict[tuple, Future[_Compiled]] = {}
