@@ -133,6 +133,22 @@ class UtilizationSampler:
         return statistics.fmean(inside) / 100 if inside else None
 
 
+def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
+    """The best verified GFLOP/s each study found, {shape: {family: GFLOP/s}}: the issue asks
+    that more configs per minute find no worse kernels."""
+    import db
+
+    database = db.open_database(f"sqlite:///{db_path}")
+    try:
+        best: dict[str, dict[str, float]] = {}
+        for row in database.best_table():
+            shape = f"{row.problem.m}x{row.problem.n}x{row.problem.k}"
+            best.setdefault(shape, {})[row.family] = row.gflops
+        return best
+    finally:
+        database.close()
+
+
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
@@ -250,6 +266,10 @@ def print_report(result: dict[str, Any]) -> None:
     print("GPU busy, NVML utilization.gpu over tuning wall:     "
           + (f"{nvml:.1%}" if nvml is not None else "-")
           + f"  [{busy['nvml_source']}, {busy['nvml_samples']} samples]")
+    for shape, families in result.get("best_gflops", {}).items():
+        print(f"best GFLOP/s at {shape}: " + ", ".join(
+            f"{family} {gflops:,.0f}" for family, gflops in
+            sorted(families.items(), key=lambda item: -item[1])))
     idle = result["child_idle"]
     print(f"GPU child at work / tuning wall: {idle['child_busy_share']:.1%}; idle "
           f"{idle['before_first_s']:.2f} s before its first answer, "
@@ -304,11 +324,13 @@ def main(argv: list[str] | None = None) -> int:
         wall_s = time.perf_counter() - started
         tuning_span = (tuning_from, time.monotonic())
         sampler.stop()
+        best = best_per_family(Path(scratch) / "gemmtune.sqlite")
     phases = evaluator.phases
     start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
     result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
                     tuning_span=tuning_span)
     result.update({
+        "best_gflops": best,
         "gpu": info.get("name"), "backend": backend, "command": options.command,
         "families": [f.name for f in options.families],
         "shapes": [p.shape for p in options.problems], "timeout_s": args.timeout,

@@ -138,6 +138,7 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
                                          "after_last_s"))
     assert busy_s + idle_s == pytest.approx(result["tuning_s"], rel=0.02)  # = the tuning wall
     assert "configs/s" in done.stdout and "kernel time" in done.stdout
+    assert result["best_gflops"]["64x48x32"]["naive"] > 0  # what the study found, stored
 
 
 def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):
