@@ -253,7 +253,7 @@ def _aware(moment: datetime) -> datetime:
 
 def study_key(run: db.Run) -> str:
     problem = run.problem
-    return f"{run.family} {problem.m}x{problem.n}x{problem.k}"
+    return f"{run.family} {problem.shape}"
 
 
 @dataclass

@@ -142,8 +142,7 @@ def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
     try:
         best: dict[str, dict[str, float]] = {}
         for row in database.best_table():
-            shape = f"{row.problem.m}x{row.problem.n}x{row.problem.k}"
-            best.setdefault(shape, {})[row.family] = row.gflops
+            best.setdefault(row.problem.shape, {})[row.family] = row.gflops
         return best
     finally:
         database.close()

@@ -159,6 +159,10 @@ class Problem:
     layout: str
     general_alpha_beta: bool
 
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
 
 @dataclass(frozen=True)
 class FamilyVersion:

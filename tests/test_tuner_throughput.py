@@ -15,6 +15,7 @@ import db
 import kernels
 import optuna
 import pytest
+from bench_support import bench_module
 
 from tuner.measure.live import LiveEvaluator, default_workers
 from tuner.problem import Problem
@@ -71,6 +72,16 @@ def test_queued_requests_record_what_blocking_requests_record(tmp_path):
     assert before[tuple(sorted(config.items()))][1:3] == (alone.gflops, alone.time_median_ms)
 
 
+def standin_session(evaluator, folder: Path, batch: int) -> Session:
+    """A random-sampler session on an in-process stand-in evaluator, its database in folder."""
+    database = db.open_database(f"sqlite:///{folder / 'gemmtune.sqlite'}")
+    return Session(database=database, evaluator=evaluator,
+                   storage=optuna.storages.RDBStorage(database.url),
+                   gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
+                   gpu_name=evaluator.gpu_name, sampler="random", batch=batch, progress=False,
+                   warm_start=False)
+
+
 def test_the_phases_cover_the_search_loop(tmp_path):
     """A consistency check: the main thread's phases add up to at most the loops' wall time and
     cover most of it; every recorded trial and every GPU answer is counted."""
@@ -95,7 +106,7 @@ def test_the_phases_cover_the_search_loop(tmp_path):
 
 
 def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
-    throughput = _bench_module()
+    throughput = bench_module("throughput")
     spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0), (5.01, 6.0)]
     loops = [(0.9, 3.2), (3.6, 6.1)]  # the first study's loop ends in the gap 3.0-4.0
     idle = throughput.child_idle(spans, loops, (0.0, 7.0), excluded=[(0.0, 0.5)])
@@ -105,14 +116,6 @@ def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
     assert idle["in_studies_gaps_over_50ms"] == 1
     assert idle["after_last_s"] == pytest.approx(1.0)
     assert idle["child_busy_share"] == pytest.approx(3.49 / 6.5)
-
-
-def _bench_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("throughput", ROOT / "bench" / "throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
@@ -151,19 +154,14 @@ def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(
             return (family.name, dict(config)) != self.prepared[0]
 
     evaluator = SlowFirstCompile()
-    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
-    session = Session(database=database, evaluator=evaluator,
-                      storage=optuna.storages.RDBStorage(database.url),
-                      gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
-                      gpu_name=evaluator.gpu_name, sampler="random", batch=4, progress=False,
-                      warm_start=False)
+    session = standin_session(evaluator, tmp_path, batch=4)
     run_study(session, NAIVE, SMALL, Budget(trials=6, timeout_s=None, patience=None))
     measured = [config for _, config, _ in evaluator.calls]
     prepared = [config for _, config in evaluator.prepared]
     assert measured[0] != prepared[0] and prepared[0] in measured
     assert sorted(map(sorted, map(dict.items, measured))) == \
         sorted(map(sorted, map(dict.items, prepared)))
-    database.close()
+    session.database.close()
 
 
 def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_path):
@@ -178,18 +176,13 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
             return super().evaluate(family, config, problem)
 
     evaluator = Slow()
-    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
-    session = Session(database=database, evaluator=evaluator,
-                      storage=optuna.storages.RDBStorage(database.url),
-                      gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
-                      gpu_name=evaluator.gpu_name, sampler="random", batch=16, progress=False,
-                      warm_start=False)
+    session = standin_session(evaluator, tmp_path, batch=16)
     outcome = run_study(session, kernels.get_family("blocktile1d"), Problem(512, 512, 512),
                         Budget(trials=10_000, timeout_s=2.0, patience=None))
     assert outcome.stop_reason == "time budget" and outcome.measured_now >= 20
     asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
     assert 0 <= asked_unmeasured <= 5, (len(evaluator.prepared), len(evaluator.calls))
-    database.close()
+    session.database.close()
 
 
 def test_the_compile_processes_start_with_the_evaluator(tmp_path):

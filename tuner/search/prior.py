@@ -26,7 +26,6 @@ start-up therefore measures a few members of each of the best groups, not one co
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import os
@@ -34,7 +33,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import kernels
 
@@ -219,6 +218,7 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
     picks = {key: rng.choice(members) for key, (_, members) in groups.items()}
     scored = {key: rate(geom, estimated_usage(geom), target, k)
               for key, (geom, _) in groups.items()}
+    position = {key: index for index, key in enumerate(scored)}  # ties: the groups' order
     if resources is not None:
         started = time.perf_counter()
         top = sorted(scored, key=scored.__getitem__, reverse=True)[:max_compiles]
@@ -235,9 +235,7 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
             left = set(top)
             # the groups not compiled keep their estimate: the best ``count`` of them (each
             # group gives one config at least) are all that can join the start-up
-            position = {key: index for index, key in enumerate(scored)}
-            fixed = heapq.nsmallest(count, (key for key in scored if key not in left),
-                                    key=lambda key: (-scored[key], position[key]))
+            fixed = _ranked(scored, (key for key in scored if key not in left), position)[:count]
             for job in as_completed(jobs):
                 key = jobs[job]
                 usage = job.result()
@@ -253,7 +251,7 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
             pool.shutdown(wait=False, cancel_futures=True)
         ranking.compile_seconds = time.perf_counter() - started
     chosen: list[dict[str, int]] = []
-    for key in _ranked(scored):
+    for key in _ranked(scored, scored, position):
         others = [c for c in groups[key][1] if c is not picks[key]]
         chosen += [picks[key], *rng.sample(others, min(len(others), per_group - 1))]
         if len(chosen) >= count:
@@ -261,20 +259,20 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
     return chosen[:count]
 
 
-def _ranked(scored: Mapping[tuple[int, ...], float]) -> list[tuple[int, ...]]:
-    """Groups that can run, best first (ties in the groups' order)."""
-    return sorted((key for key in scored if scored[key] > 0), key=scored.__getitem__,
-                  reverse=True)
+def _ranked(scored: Mapping[tuple[int, ...], float], keys: Iterable[tuple[int, ...]],
+            position: Mapping[tuple[int, ...], int]) -> list[tuple[int, ...]]:
+    """Those of ``keys`` that can run, best first (ties in the groups' order: ``position``)."""
+    return sorted((key for key in keys if scored[key] > 0),
+                  key=lambda key: (-scored[key], position[key]))
 
 
 def _last_chosen(scored: Mapping[tuple[int, ...], float], groups: Groups, count: int,
-                 per_group: int, keys: Sequence[tuple[int, ...]],
+                 per_group: int, keys: Iterable[tuple[int, ...]],
                  position: Mapping[tuple[int, ...], int]) -> float | None:
-    """The score of the last group the start-up takes from ``keys`` alone (ties in the groups'
-    order: ``position``); None where they do not fill it."""
+    """The score of the last group the start-up takes from ``keys`` alone; None where they do
+    not fill it."""
     taken = 0
-    for key in sorted((key for key in keys if scored[key] > 0),
-                      key=lambda key: (-scored[key], position[key])):
+    for key in _ranked(scored, keys, position):
         taken += min(len(groups[key][1]), per_group)
         if taken >= count:
             return scored[key]
