@@ -881,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1, metavar="N",
                         help="candidates the search asks ahead of the results, as the live tuner "
                              "does while compiles run (its window: compile workers + queue depth, "
-                             "16 on the H100 host); default 1")
+                             "17 on the H100 host); default 1")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
