@@ -243,40 +243,8 @@ class Family:
         """Every config the constraints accept, in parameter order (cached per architecture)."""
         key = (type(self), arch)
         if key not in _ACCEPTED:
-            _ACCEPTED[key] = list(self._enumerate_accepted(arch))
+            _ACCEPTED[key] = list(enumerate_accepted(self, arch))
         return _ACCEPTED[key]
-
-    def _enumerate_accepted(self, arch: str) -> Iterator[dict[str, int]]:
-        # Depth-first over the parameters, testing each constraint as soon as every parameter it
-        # reads is bound (a constraint that reads an unbound one raises KeyError), so large
-        # spaces are pruned early instead of filtered one full config at a time.
-        if not self.offered_on(arch):
-            return iter(())
-
-        def decidable(partial: dict[str, int]) -> tuple[bool, list[Constraint]]:
-            pending = []
-            for con in self.constraints:
-                try:
-                    if not con.holds(partial):
-                        return False, []
-                except KeyError:
-                    pending.append(con)
-            return True, pending
-
-        def walk(i: int, partial: dict[str, int]) -> Iterator[dict[str, int]]:
-            if i == len(self.params):
-                if self.accepts(partial, arch):
-                    yield dict(partial)
-                return
-            p = self.params[i]
-            for v in p.values:
-                partial[p.name] = v
-                ok, _ = decidable(partial)
-                if ok:
-                    yield from walk(i + 1, partial)
-                del partial[p.name]
-
-        return walk(0, {})
 
     def sample_accepted(self, count: int, seed: int = 0, arch: str = "sm_90") -> list[dict[str, int]]:
         """Uniform sample (without replacement) of accepted configs."""
@@ -286,3 +254,40 @@ class Family:
 
     def __repr__(self) -> str:
         return f"<Family {self.rung}:{self.name}>"
+
+
+def enumerate_accepted(family: Family, arch: str = "sm_90") -> Iterator[dict[str, int]]:
+    """Every config ``family`` accepts on ``arch``, in the order of ``itertools.product`` over
+    the parameters' values (as declared). Works for any object with a family's ``params``,
+    ``constraints``, ``offered_on`` and ``accepts`` (a view narrowed to a recorded grid too).
+
+    Depth-first over the parameters, testing each constraint as soon as every parameter it reads
+    is bound (a constraint that reads an unbound one raises KeyError), so large spaces are pruned
+    early instead of filtered one full config at a time (tenfold faster on pipelined's 884,736).
+    A leaf is accepted by ``accepts``, so the result is exactly the filtered product."""
+    if not family.offered_on(arch):
+        return iter(())
+    params, constraints = family.params, family.constraints
+
+    def decidable(partial: dict[str, int]) -> bool:
+        for con in constraints:
+            try:
+                if not con.holds(partial):
+                    return False
+            except KeyError:
+                pass
+        return True
+
+    def walk(i: int, partial: dict[str, int]) -> Iterator[dict[str, int]]:
+        if i == len(params):
+            if family.accepts(partial, arch):
+                yield dict(partial)
+            return
+        p = params[i]
+        for v in p.values:
+            partial[p.name] = v
+            if decidable(partial):
+                yield from walk(i + 1, partial)
+            del partial[p.name]
+
+    return walk(0, {})

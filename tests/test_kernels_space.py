@@ -4,6 +4,7 @@ import random
 import pytest
 
 from kernels import FAMILIES, ConfigError, get_family
+from kernels.space import enumerate_accepted
 
 
 def test_ladder_order_and_names():
@@ -61,6 +62,14 @@ def test_pruned_enumeration_matches_filtering(name):
     for _ in range(300):  # random full configs agree with the pruned enumeration
         config = {p.name: rng.choice(p.values) for p in fam.params}
         assert (tuple(config.values()) in accepted_set) == fam.accepts(config)
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f.space_size() <= 20_000])
+def test_pruned_enumeration_is_the_filtered_product_in_product_order(name):
+    fam = get_family(name)
+    product = [c for c in fam.all_configs() if fam.accepts(c)]
+    assert list(enumerate_accepted(fam, "sm_90")) == product
+    assert list(enumerate_accepted(fam, "sm_80")) == [c for c in fam.all_configs() if fam.accepts(c, "sm_80")]
 
 
 def test_search_ranges_are_wide_enough_to_matter():

@@ -67,3 +67,20 @@ def test_a_space_too_large_to_enumerate_and_a_fake_family_are_not_cached(tmp_pat
 
     assert enumcache.accepted(Fake(), "sm_90", tmp_path, lambda: [{"x": 1}]) == [{"x": 1}]
     assert not (tmp_path / enumcache.FOLDER).exists()
+
+
+def test_a_recorded_grid_enumerates_to_the_filtered_product_of_its_narrowed_values() -> None:
+    """The pruned walk (kernels.space.enumerate_accepted) on a family narrowed to a recording's
+    grid: exactly the configs, in the order, that filtering the narrowed product gives."""
+    import itertools
+
+    from tuner.measure.replay import ReplayEvaluator
+
+    recording = Path(__file__).parent / "data" / "recordings" / "h100-tf32x3.json.gz"
+    family = ReplayEvaluator.open(recording).family(kernels.get_family("tf32x3"))
+    names = [p.name for p in family.params]
+    product = [dict(zip(names, values))
+               for values in itertools.product(*(p.values for p in family.params))]
+    expected = [c for c in product if not family.reject_reasons(c, "sm_90")]
+    assert expected and len(expected) < len(product)  # the grid's and the rules' rejections
+    assert _accepted_configs(family, "sm_90") == expected
