@@ -133,6 +133,82 @@ class UtilizationSampler:
         return statistics.fmean(inside) / 100 if inside else None
 
 
+class CpuSampler:
+    """The host's CPU busy share every 100 ms in a thread, from /proc/stat (Linux): (monotonic
+    time, busy share of all cores since the previous sample). Says whether a study waits for
+    the GPU child because the cores are full (compiles) or for some other reason."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self.available = Path("/proc/stat").exists()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _times() -> tuple[int, int]:
+        # cpu  user nice system idle iowait irq softirq steal guest guest_nice
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        idle = fields[3] + fields[4]
+        return sum(fields) - idle, sum(fields)
+
+    def start(self) -> None:
+        if not self.available:
+            return
+
+        def poll() -> None:
+            busy0, total0 = self._times()
+            while not self._stop.wait(SAMPLE_EVERY_S):
+                busy, total = self._times()
+                if total > total0:
+                    self.samples.append((time.monotonic(), (busy - busy0) / (total - total0)))
+                busy0, total0 = busy, total
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+
+    def mean(self, a: float, b: float) -> float | None:
+        inside = [u for t, u in self.samples if a <= t <= b]
+        return statistics.fmean(inside) if inside else None
+
+
+def per_study(families: list[str], loops: list[tuple[float, float]],
+              child_spans: list[tuple[float, float]], tuning_from: float,
+              cpu: CpuSampler) -> list[dict[str, Any]]:
+    """Per study, from the end of the one before (its set-up included) to the end of its loop:
+    wall time, how much of it went before the loop began (the start-up taken or computed, the
+    study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
+    studies run family after family, shape after shape, so loop i is families[i % len]."""
+    rows = []
+    start = tuning_from
+    for i, (begin, end) in enumerate(sorted(loops)):
+        busy = sum(max(0.0, min(end, b) - max(start, a)) for a, b in child_spans)
+        answers = sum(start <= b <= end for _, b in child_spans)
+        wall = end - start
+        rows.append({"family": families[i % len(families)] if families else "?", "wall_s": wall,
+                     "set_up_s": begin - start,  # the main thread's, before the loop began
+                     "answers": answers, "child_busy_share": busy / wall if wall > 0 else 0.0,
+                     "host_cpu_share": cpu.mean(start, end)})
+        start = end
+    return rows
+
+
+def compiled_configs(cache: Path) -> dict[str, list[dict[str, int]]]:
+    """The configs the command compiled (a fresh CUBIN cache's entries), per family."""
+    out: dict[str, list[dict[str, int]]] = {}
+    for meta in sorted(cache.glob("*.json")):
+        try:
+            entry = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        out.setdefault(str(entry.get("family")), []).append(entry.get("config", {}))
+    return out
+
+
 def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
     """The best verified GFLOP/s each study found, {shape: {family: GFLOP/s}}: the issue asks
     that more configs per minute find no worse kernels."""
@@ -276,6 +352,15 @@ def print_report(result: dict[str, Any]) -> None:
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
           f"{idle['after_last_s']:.2f} s after its last")
+    if result.get("host_cpu_share") is not None:
+        print(f"host CPU busy (all cores, /proc/stat) over tuning wall: {result['host_cpu_share']:.1%}")
+    if result.get("studies"):
+        print(f"\n{'study':<14}{'wall s':>8}{'set-up s':>10}{'answers':>9}{'GPU child':>11}{'host CPU':>10}{'compiles':>10}")
+        for row in result["studies"]:
+            cpu = row["host_cpu_share"]
+            print(f"{row['family']:<14}{row['wall_s']:>8.1f}{row['set_up_s']:>10.2f}{row['answers']:>9}"
+                  f"{row['child_busy_share']:>11.1%}" + (f"{cpu:>10.1%}" if cpu is not None else f"{'-':>10}")
+                  + f"{result.get('compiles', {}).get(row['family'], '-'):>10}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         backend = options.evaluator.backend
         backend_options = ({"measure_s": args.standin_measure_s}
                            if args.standin_measure_s and backend == "tuner.testing" else None)
-        sampler = UtilizationSampler(args.gpu)
+        sampler, cpu = UtilizationSampler(args.gpu), CpuSampler()
         sampler.start()
+        cpu.start()
         started = time.perf_counter()
         evaluator = LiveEvaluator(
             options.evaluator.gpu, cache_dir=options.evaluator.cache_dir,
@@ -318,17 +404,24 @@ def main(argv: list[str] | None = None) -> int:
         tuning_from = time.monotonic()
         with evaluator:
             status = tune(options, evaluator, progress=False)
-            info = evaluator.info()
+            info, arch = evaluator.info(), evaluator.arch()
             workers, batch = evaluator.pool.workers, evaluator.batch
         wall_s = time.perf_counter() - started
         tuning_span = (tuning_from, time.monotonic())
         sampler.stop()
+        cpu.stop()
         best = best_per_family(Path(scratch) / "gemmtune.sqlite")
+        compiled = compiled_configs(cache) if args.cache is None else None
     phases = evaluator.phases
     start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
     result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
                     tuning_span=tuning_span)
+    families = [f.name for f in options.families if f.offered_on(arch)]
     result.update({
+        "host_cpu_share": cpu.mean(*tuning_span),
+        "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu),
+        **({"compiles": {f: len(c) for f, c in compiled.items()}, "compiled": compiled}
+           if compiled is not None else {}),
         "best_gflops": best,
         "gpu": info.get("name"), "backend": backend, "command": options.command,
         "families": [f.name for f in options.families],

@@ -4,6 +4,7 @@ stand-in GPU child (tuner.measure.testing) with real NVRTC compiles. No speed is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -118,6 +119,26 @@ def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
     assert idle["child_busy_share"] == pytest.approx(3.49 / 6.5)
 
 
+def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
+    throughput = bench_module("throughput")
+
+    class Cpu:  # the sampler's mean over a window, recorded to check the windows
+        windows: list[tuple[float, float]] = []
+
+        def mean(self, a, b):
+            self.windows.append((a, b))
+            return 0.5
+
+    spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0)]
+    rows = throughput.per_study(["naive", "smem"], [(3.6, 6.0), (0.9, 3.2)], spans, 0.0, Cpu())
+    assert [r["family"] for r in rows] == ["naive", "smem"]
+    assert Cpu.windows == [(0.0, 3.2), (3.2, 6.0)]  # from the last loop's end, set-up included
+    assert [r["answers"] for r in rows] == [2, 1]
+    assert [r["set_up_s"] for r in rows] == pytest.approx([0.9, 0.4])
+    assert rows[0]["child_busy_share"] == pytest.approx(1.5 / 3.2)
+    assert rows[1]["child_busy_share"] == pytest.approx(1.0 / 2.8)
+
+
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     out = tmp_path / "throughput.json"
     env = dict(os.environ, GEMMTUNE_GPU_BACKEND="tuner.testing")
@@ -142,6 +163,9 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     assert busy_s + idle_s == pytest.approx(result["tuning_s"], rel=0.02)  # = the tuning wall
     assert "configs/s" in done.stdout and "kernel time" in done.stdout
     assert result["best_gflops"]["64x48x32"]["naive"] > 0  # what the study found, stored
+    (study,) = result["studies"]
+    assert study["family"] == "naive" and study["answers"] == result["gpu_answers"]
+    assert 0 < study["host_cpu_share"] <= 1
 
 
 def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):
@@ -182,6 +206,29 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
     assert outcome.stop_reason == "time budget" and outcome.measured_now >= 20
     asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
     assert 0 <= asked_unmeasured <= 5, (len(evaluator.prepared), len(evaluator.calls))
+    session.database.close()
+
+
+def test_near_the_end_of_its_patience_a_study_asks_only_what_it_may_still_measure(tmp_path):
+    """Nothing measured after the first improves on it, so patience (20) ends the run: the
+    window (16) must not hold candidates beyond the measurements patience allows, else they
+    are compiled and never measured (most of a window per study, compiling while the next study
+    waits; issue 19). The run measures exactly 1 + patience configs, as before. (The first window is asked before
+    any result: a patience shorter than the window would end the run inside it.)"""
+    from tuner.measure.testing import StandInEvaluator
+
+    class FirstIsBest(StandInEvaluator):
+        def evaluate(self, family, config, problem):
+            measured = super().evaluate(family, config, problem)
+            # each one slower than the one before
+            return dataclasses.replace(measured, gflops=1000.0 / len(self.calls))
+
+    evaluator = FirstIsBest()
+    session = standin_session(evaluator, tmp_path, batch=16)
+    outcome = run_study(session, kernels.get_family("blocktile1d"), Problem(512, 512, 512),
+                        Budget(trials=10_000, timeout_s=None, patience=20))
+    assert outcome.stop_reason == "patience" and len(evaluator.calls) == 21
+    assert len(evaluator.prepared) - len(evaluator.calls) == 0, len(evaluator.prepared)
     session.database.close()
 
 
