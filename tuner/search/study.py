@@ -531,8 +531,7 @@ class _StudyRun:
         ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout."""
-        return (self._in_flight() < min(self.session.batch, self._time_room(),
-                                        self._patience_room())
+        return (self._in_flight() < min(self.session.batch, self._time_room())
                 and self.tally.measured + self._in_flight() + len(self._others_holding())
                 - taking < self.budget.trials)
 
@@ -547,17 +546,6 @@ class _StudyRun:
         now = time.monotonic()
         rate = self.measured_now / max(1e-9, now - self.loop_started)
         return self.depth + math.ceil(max(0.0, self.deadline - now) * rate)
-
-    def _patience_room(self) -> int:
-        """Measurements left before patience ends the run unless one of them improves: more
-        candidates than that in flight would, if none improves, be compiled and never measured
-        (with a window of 17 and a fresh CUBIN cache, most of a window per study, compiling
-        while the next study waits for its start-up; issue 19). An improvement reopens the
-        window. No patience, or nothing measured yet: no limit but the window's."""
-        patience, tally = self.budget.patience, self.tally
-        if patience is None or tally.best is None:
-            return self.session.batch
-        return max(1, patience - tally.since_best)
 
     def _take_retries(self) -> None:
         """Take dead workers' candidates, queued as WAITING trials, before asking anew."""
