@@ -125,9 +125,9 @@ def compile_program(program: str, arch: str, name: str = "gemm.cu") -> tuple[byt
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def compile_config(family: Family, config: Config, arch: str = "sm_90",
-                   cache_dir: Path | str | None = None) -> CompiledKernel:
-    """Compile one config of a family, through the on-disk cache. Rejected configs raise ConfigError."""
+def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None
+           ) -> tuple[str, str, Path, Path]:
+    """The program text, compile target and cache files of one config (ConfigError if rejected)."""
     from kernels.space import ConfigError
 
     reasons = family.reject_reasons(config, arch)
@@ -137,22 +137,42 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
     target = family.target(arch)  # e.g. sm_90a where the family needs wgmma
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = cache_key(program, target)
-    cubin_path, meta_path = folder / f"{key}.cubin", folder / f"{key}.json"
+    return program, target, folder / f"{key}.cubin", folder / f"{key}.json"
+
+
+def _read_entry(cubin_path: Path, meta_path: Path, arch: str, start: float) -> CompiledKernel | None:
+    try:
+        meta = json.loads(meta_path.read_text())
+        resources = {k: Resources(**v) for k, v in meta["resources"].items()}
+        return CompiledKernel(cubin_path.read_bytes(), arch, resources, meta["log"],
+                              time.perf_counter() - start, cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or a damaged entry: to be (re)built
+
+
+def cached_config(family: Family, config: Config, arch: str = "sm_90",
+                  cache_dir: Path | str | None = None) -> CompiledKernel | None:
+    """The config's CUBIN where the on-disk cache holds it, else None; never compiles (a
+    millisecond: what a caller can do inline instead of queueing a compile)."""
     start = time.perf_counter()
-    if cubin_path.exists() and meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text())
-            resources = {k: Resources(**v) for k, v in meta["resources"].items()}
-            return CompiledKernel(cubin_path.read_bytes(), arch, resources, meta["log"],
-                                  time.perf_counter() - start, cached=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged entry is rebuilt below
+    _, _, cubin_path, meta_path = _entry(family, config, arch, cache_dir)
+    return _read_entry(cubin_path, meta_path, arch, start)
+
+
+def compile_config(family: Family, config: Config, arch: str = "sm_90",
+                   cache_dir: Path | str | None = None) -> CompiledKernel:
+    """Compile one config of a family, through the on-disk cache. Rejected configs raise ConfigError."""
+    start = time.perf_counter()
+    program, target, cubin_path, meta_path = _entry(family, config, arch, cache_dir)
+    found = _read_entry(cubin_path, meta_path, arch, start)
+    if found is not None:
+        return found
     cubin, log = compile_program(program, target, f"{family.name}.cu")
     resources = parse_ptxas_report(log)
     if family.kernel_name not in resources:
         raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
     seconds = time.perf_counter() - start
-    folder.mkdir(parents=True, exist_ok=True)
+    cubin_path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"family": family.name, "config": dict(config), "arch": target, "nvrtc": nvrtc_version(),
             "log": log, "resources": {k: asdict(v) for k, v in resources.items()}}
     _atomic_write(cubin_path, cubin)

@@ -75,6 +75,21 @@ def test_cache_hits_and_invalidates(tmp_path):
     assert not compile_config(fam, {"TILE": 16}, "sm_90", cache_dir=tmp_path).cached
 
 
+def test_a_cache_lookup_never_compiles(tmp_path):
+    from kernels.compiler import cached_config
+
+    fam = get_family("smem")
+    assert cached_config(fam, {"TILE": 16}, "sm_90", tmp_path) is None
+    assert not list(tmp_path.iterdir())  # nothing compiled, nothing written
+    built = compile_config(fam, {"TILE": 16}, "sm_90", cache_dir=tmp_path)
+    found = cached_config(fam, {"TILE": 16}, "sm_90", tmp_path)
+    assert found is not None and found.cached and found.cubin == built.cubin
+    assert found.resources == built.resources
+    assert cached_config(fam, {"TILE": 16}, "sm_80", tmp_path) is None  # another target
+    with pytest.raises(ConfigError):
+        cached_config(fam, {"TILE": 7}, "sm_90", tmp_path)
+
+
 def test_rejected_config_is_not_compiled(tmp_path):
     fam = get_family("vectorized")
     config = dict(BM=64, BN=64, BK=16, TM=16, TN=16, PADA=0, PADB=0, RASTER=1)

@@ -208,6 +208,26 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
     session.database.close()
 
 
+def test_a_cached_cubin_is_read_at_once_not_queued_behind_compiles(tmp_path):
+    """A config the CUBIN cache holds (the prior's or the prepared start-up's compiles) is
+    answered by the pool without a worker: a new study's first window does not wait behind the
+    compiles its predecessor left running."""
+    from tuner.measure.live import CompilePool
+
+    cache = tmp_path / "cubins"
+    config = {"TILE": 16}
+    built = kernels.compile_config(kernels.get_family("smem"), config, "sm_90", cache_dir=cache)
+    pool = CompilePool("sm_90", cache, workers=1)
+    try:
+        hit = pool.submit(kernels.get_family("smem"), config)
+        assert hit.done() and hit.result().cubin == built.cubin
+        assert pool._executor is None  # no worker was needed (none even started)
+        miss = pool.submit(kernels.get_family("smem"), {"TILE": 8})
+        assert miss.result(timeout=120).cubin and pool._executor is not None
+    finally:
+        pool.close()
+
+
 def test_the_compile_processes_start_with_the_evaluator(tmp_path):
     """Started with the GPU child (one-time start), not at the first compiles of the first
     study, where the GPU waited ~4 s for them on the H100 host."""

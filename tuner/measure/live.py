@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import kernels
+from kernels.compiler import cached_config
 
 from tuner.lifetime import child_init
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
@@ -306,7 +307,19 @@ class CompilePool:
         return [pool.submit(os.getpid) for _ in range(self.workers)]
 
     def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
+        """The config's compile, queued on the workers; a CUBIN the cache holds already (the
+        prior's compiles, the prepared start-up's, an earlier command's) is read here instead,
+        a millisecond, so that it does not wait in the queue behind other compiles (a new
+        study's first candidates queued behind the compiles its predecessor left running)."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
+        try:
+            found = cached_config(family, config, self.arch, self.cache_dir)
+        except kernels.ConfigError:
+            found = None  # the worker raises it, as for any rejected config
+        if found is not None:
+            done: Future[_Compiled] = Future()
+            done.set_result(_Compiled(found.cubin, dict(found.resources), found.seconds))
+            return done
         return self._pool().submit(_compile_job, _family_ref(family), dict(config), self.arch,
                                    self.cache_dir)
 
