@@ -77,19 +77,6 @@ def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
     assert prepared.ranked == ranked and prepared.ranking.compiled == ranking.compiled == COMPILES
 
 
-def test_a_prefetched_startup_leaves_all_its_configs_compiled(tmp_path):
-    """The prior compiles one config per group; the prepared start-up compiles the rest of the
-    configs the study will ask first, so that they are cache hits when it begins."""
-    from kernels.compiler import cached_config
-
-    cache = tmp_path / "cubins"
-    with StartupPrefetch(_session(_Evaluator(), cache)) as prefetch:
-        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
-        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
-    assert prepared is not None and len(prepared.ranked) > COMPILES
-    assert all(cached_config(BLOCKTILE1D, c, "sm_90", cache) is not None for c in prepared.ranked)
-
-
 def _fresh(family: Any, cache: Path, session: Session) -> tuple[Any, Any]:
     here = _enumerate(family, "sm_90", PROBLEM, "default")
     ranked, _ = _rank(family, "sm_90", PROBLEM, here, 132, session.batch, session.seed,

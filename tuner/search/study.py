@@ -9,7 +9,7 @@ import random
 import socket
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -249,12 +249,6 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
-        if resources is not None:
-            # The start-up's other configs too (the prior compiled one per group): the study
-            # asks exactly these first, so its first window is in the cache when it begins
-            # instead of compiling while the GPU waits (issue 19).
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                list(pool.map(resources, startup.ranked))
     startup.seconds = time.perf_counter() - started
     return startup
 
