@@ -55,8 +55,7 @@ def _session(evaluator: Any, cache: Path, **fields: Any) -> Session:
 
 
 def _pool_workers() -> list[mp.process.BaseProcess]:
-    """The preparing and warming processes (the evaluator's compile pool is its own, closed
-    before)."""
+    """The preparing process (the evaluator's compile pool is its own, closed before)."""
     return [p for p in mp.active_children() if p.name.startswith("SpawnProcess")]
 
 
@@ -76,29 +75,6 @@ def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
                             prior.compiled_usage(BLOCKTILE1D, "sm_90", tmp_path / "cubins"))
     assert prepared.accepted == here.accepted and prepared.groups == here.groups
     assert prepared.ranked == ranked and prepared.ranking.compiled == ranking.compiled == COMPILES
-
-
-def test_a_prepared_startup_is_then_compiled_whole_by_the_warming_process(tmp_path):
-    """The prior compiles one config per group; the warming process then compiles the rest of
-    the configs the study will ask first, so that they are cache hits when it begins."""
-    import time
-
-    from kernels.compiler import cached_config
-
-    cache = tmp_path / "cubins"
-    key = ("blocktile1d", PROBLEM)
-    with StartupPrefetch(_session(_Evaluator(), cache)) as prefetch:
-        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
-        ranked = prefetch._jobs[key].result(timeout=300).ranked
-        deadline = time.monotonic() + 60
-        while key not in prefetch._warming and time.monotonic() < deadline:
-            time.sleep(0.05)  # queued by the preparing executor's thread
-        compiled = prefetch._warming[key].result(timeout=300)
-        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
-    assert not _pool_workers()  # both processes end with it
-    assert prepared is not None and prepared.ranked == ranked and len(ranked) > COMPILES
-    assert compiled == len(ranked) - COMPILES  # the prior's were there already
-    assert all(cached_config(BLOCKTILE1D, c, "sm_90", cache) is not None for c in ranked)
 
 
 def _fresh(family: Any, cache: Path, session: Session) -> tuple[Any, Any]:
@@ -141,15 +117,14 @@ def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch
     started: list[int] = []
 
     def interrupted(*args: Any) -> None:
-        # the next study's start-up is being prepared (and its warming process waits)
-        started.append(len(_pool_workers()))
+        started.append(len(_pool_workers()))  # the next study's start-up is being prepared
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_session, "run_study", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
                              Budget(trials=2, timeout_s=None, patience=None))
-    assert started == [2] and not _pool_workers()
+    assert started == [1] and not _pool_workers()
 
 
 def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,

@@ -9,11 +9,6 @@ not a thread, so that its pure-Python enumeration does not hold the main thread'
 niced, so that the current study's compiles keep the cores they need. Its compiles fill the
 same CUBIN cache the candidates then hit. The study uses the prepared inputs exactly as it
 would have computed them itself (``prepare_startup`` is that computation).
-
-A second process, niced further, then compiles each prepared start-up's configs
-(``warm_startup``: the prior compiles one per group, the study first asks three per group), so
-that a study's first window is cache hits; it never delays a ranking (a start-up ranked late
-costs the GPU more than one compiled late) and a study that begins first drops its warming.
 """
 
 from __future__ import annotations
@@ -21,14 +16,12 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import threading
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections import deque
 from typing import Any, Iterable
 
 import kernels
-from kernels.compiler import cached_config
 
 from tuner.lifetime import child_init
 from tuner.measure.phases import STARTUP_BG
@@ -40,34 +33,11 @@ log = logging.getLogger(__name__)
 # Niceness of the preparing process: below the compile pool and the GPU child, which serve the
 # study that runs now.
 NICENESS = 10
-# Niceness of the warming process, below the preparing one: a start-up ranked late costs the
-# GPU more than a start-up compiled late (bench/NOTES.md, session 10).
-WARM_NICENESS = 15
 
 
-def _init(parent_pid: int, niceness: int = NICENESS) -> None:
+def _init(parent_pid: int) -> None:
     child_init(parent_pid)
-    os.nice(niceness)
-
-
-def warm_startup(family_name: str, arch: str, configs: list[dict[str, int]],
-                 cache_dir: str | None) -> int:
-    """Compile a prepared start-up's configs into the CUBIN cache (the prior compiled one per
-    geometry group; the study asks three per group first): its first window is then cache hits
-    instead of compiles the GPU waits for. Returns the compiles that were needed."""
-    family = kernels.get_family(family_name)
-
-    def compile_one(config: dict[str, int]) -> int:
-        if cached_config(family, config, arch, cache_dir) is not None:
-            return 0
-        try:
-            kernels.compile_config(family, config, arch, cache_dir=cache_dir)
-        except (kernels.CompileError, kernels.ConfigError):
-            pass  # the study meets the same error and records it
-        return 1
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as threads:
-        return sum(threads.map(compile_one, configs))
+    os.nice(NICENESS)
 
 
 def can_prefetch(session: Session, family: Any) -> bool:
@@ -97,12 +67,6 @@ class StartupPrefetch:
         self._queue: deque[tuple[Any, Problem]] = deque()  # to be submitted, in order
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
-        # A second process compiles each prepared start-up's configs (warm_startup), one after
-        # the other as they are prepared, never holding up the preparing one; a study that
-        # begins before its warming does drops it (its own compiles take over).
-        self._warmer: ProcessPoolExecutor | None = None
-        self._warming: dict[Key, Future[int]] = {}
-        self._lock = threading.Lock()  # _jobs and _warming, between take and _warm
 
     def plan(self, studies: Iterable[tuple[Any, Problem]]) -> None:
         """Prepare these studies' start-ups in this order (after those already submitted),
@@ -116,52 +80,25 @@ class StartupPrefetch:
         session = self.session
         while self._queue and len(self._jobs) < AHEAD and not self._broken:
             family, problem = self._queue.popleft()
-            if self._executor is None:  # their processes start from this (the main) thread
-                self._executor = self._process(NICENESS)
-                self._warmer = self._process(WARM_NICENESS)
-                self._warmer.submit(os.getpid)  # starts it here (see CompilePool._pool)
+            if self._executor is None:  # its process starts from this (the main) thread
+                self._executor = ProcessPoolExecutor(max_workers=1,
+                                                     mp_context=mp.get_context("spawn"),
+                                                     initializer=_init,
+                                                     initargs=(os.getpid(),))
             sm_count = int(session.evaluator.info().get("sm_count") or 0)
             cache = None if session.compile_cache is None else str(session.compile_cache)
-            key = (family.name, problem)
             try:
-                job = self._jobs[key] = self._executor.submit(
+                self._jobs[(family.name, problem)] = self._executor.submit(
                     prepare_startup, family.name, session.evaluator.arch(), problem,
                     session.sampler, sm_count, session.batch, session.seed,
                     session.prior_compiles, cache)
             except BrokenProcessPool:
                 self._give_up()
-                return
-            if session.prior_compiles:
-                arch = session.evaluator.arch()
-                job.add_done_callback(lambda done, key=key: self._warm(key, done, arch, cache))
-
-    @staticmethod
-    def _process(niceness: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
-                                   initializer=_init, initargs=(os.getpid(), niceness))
-
-    def _warm(self, key: Key, done: Future[Startup], arch: str, cache: str | None) -> None:
-        """(The preparing executor's thread, when a start-up is ready.) Queue its warming,
-        unless its study has begun meanwhile."""
-        if done.cancelled() or done.exception() is not None or not done.result().ranked:
-            return
-        with self._lock:
-            if self._warmer is None or key not in self._jobs:
-                return
-            try:
-                self._warming[key] = self._warmer.submit(warm_startup, key[0], arch,
-                                                         done.result().ranked, cache)
-            except (BrokenProcessPool, RuntimeError):  # closed meanwhile, or its process died
-                pass
 
     def take(self, family: Any, problem: Problem) -> Startup | None:
         """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
         none was planned for it or it failed (the study then computes its own)."""
-        with self._lock:
-            job = self._jobs.pop((family.name, problem), None)
-            warming = self._warming.pop((family.name, problem), None)
-        if warming is not None:
-            warming.cancel()  # where not begun: the study's own compiles take over
+        job = self._jobs.pop((family.name, problem), None)
         if job is None:
             return None
         self._top_up()  # the one after the last submitted, queued behind the ones ahead
@@ -183,17 +120,14 @@ class StartupPrefetch:
     def close(self) -> None:
         """End the process at once: a job half done is of no use, and waiting for its
         compiles would hold up the command's exit."""
-        with self._lock:
-            executors = [self._executor, self._warmer]
-            self._executor, self._warmer = None, None
-            self._queue, self._jobs, self._warming = deque(), {}, {}
-        for executor in executors:
-            if executor is None:
-                continue
-            # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
-            for process in list((getattr(executor, "_processes", None) or {}).values()):
-                process.kill()
-            executor.shutdown(wait=True, cancel_futures=True)
+        executor, self._executor = self._executor, None
+        self._queue, self._jobs = deque(), {}
+        if executor is None:
+            return
+        # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            process.kill()
+        executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> StartupPrefetch:
         return self
