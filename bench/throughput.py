@@ -23,6 +23,12 @@ with the same ``--timeout``, and prints:
     out uploads, downloads, module loads and the float64 check. The target of issue 19 (GPU busy
     >= 80 % of tuning wall time) is meant on this one; NVML says whether the two agree.
 
+* per study: its wall time (from the end of the one before), the part before its loop began
+  (its start-up taken or computed), the GPU child's answers and busy share, the host's CPU
+  busy share (all cores, /proc/stat every 100 ms: whether the cores or something else kept the
+  child waiting), and with a fresh cache the configs compiled per family (``compiled`` in the
+  JSON lists them).
+
 The one-time start (the GPU child's start, and per shape the inputs, float64 reference and
 cuBLAS baseline: phase ``setup``) is excluded from the tuning wall time and reported apart.
 The CUBIN cache is a fresh folder unless ``--cache`` names one: every compile is a real one, as
