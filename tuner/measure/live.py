@@ -308,9 +308,9 @@ class CompilePool:
 
     def submit(self, family: Any, config: dict[str, int]) -> Future[_Compiled]:
         """The config's compile, queued on the workers; a CUBIN the cache holds already (the
-        prior's compiles, the prepared start-up's, an earlier command's) is read here instead,
-        a millisecond, so that it does not wait in the queue behind other compiles (a new
-        study's first candidates queued behind the compiles its predecessor left running)."""
+        prior's compiles, an earlier command's) is read here instead, a millisecond, so that it
+        does not wait in the queue behind other compiles (a new study's first candidates queued
+        behind the compiles its predecessor left running)."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
         try:
             found = cached_config(family, config, self.arch, self.cache_dir)
