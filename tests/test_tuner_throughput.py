@@ -205,6 +205,10 @@ def test_near_its_time_limit_a_study_asks_only_what_it_can_still_measure(tmp_pat
     assert outcome.stop_reason == "time budget" and outcome.measured_now >= 20
     asked_unmeasured = len(evaluator.prepared) - len(evaluator.calls)
     assert 0 <= asked_unmeasured <= 5, (len(evaluator.prepared), len(evaluator.calls))
+    # and those few are let go: the evaluator drops their compiles
+    measured = [config for _, config, _ in evaluator.calls]
+    assert sorted(map(sorted, (c.items() for _, c in evaluator.discarded))) == sorted(
+        sorted(c.items()) for _, c in evaluator.prepared if c not in measured)
     session.database.close()
 
 
@@ -226,6 +230,17 @@ def test_a_cached_cubin_is_read_at_once_not_queued_behind_compiles(tmp_path):
         assert miss.result(timeout=120).cubin and pool._executor is not None
     finally:
         pool.close()
+
+
+def test_a_discarded_candidate_leaves_nothing_behind_in_the_evaluator(tmp_path):
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
+                       backend="tuner.testing") as evaluator:
+        smem = kernels.get_family("smem")
+        evaluator.prepare(smem, {"TILE": 8})
+        evaluator.prepare(smem, {"TILE": 16})
+        evaluator.discard(smem, {"TILE": 8})
+        evaluator.discard(smem, {"TILE": 32})  # never prepared: nothing to do
+        assert list(evaluator._compiles) == [evaluator._key(smem, {"TILE": 16})]
 
 
 def test_the_compile_processes_start_with_the_evaluator(tmp_path):

@@ -86,6 +86,9 @@ class Evaluator(Protocol):
     def close(self) -> None: ...
 
 
+# A prepared candidate the search lets go without measuring it (its study ended): an evaluator
+# may offer ``discard(family, config)`` to drop its compile (cancelled where not begun).
+
 # Asynchronous measurement (issue 19). An evaluator may offer ``submit(family, config, problem)
 # -> ticket`` and ``collect(ticket) -> Measurement`` (answered in submission order) and a
 # ``queue_depth``: how many tickets it takes at once. These helpers give every other evaluator

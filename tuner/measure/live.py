@@ -406,6 +406,13 @@ class LiveEvaluator:
             with self.phases.timed(PREPARE):
                 self._compiles[key] = self.pool.submit(family, config)
 
+    def discard(self, family: Any, config: dict[str, int]) -> None:
+        """The study let a prepared candidate go: its compile is cancelled where it has not
+        begun, and its result is not kept (it was held until the evaluator closed)."""
+        future = self._compiles.pop(self._key(family, config), None)
+        if future is not None:
+            future.cancel()
+
     def ready(self, family: Any, config: dict[str, int]) -> bool:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
         future = self._compiles.get(self._key(family, config))

@@ -72,6 +72,7 @@ class StandInEvaluator:
     interrupt_after: int | None = None
     calls: list[tuple[str, dict[str, int], Problem]] = field(default_factory=list)
     prepared: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+    discarded: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     baselines: list[Problem] = field(default_factory=list)
     closed: bool = False
@@ -98,6 +99,9 @@ class StandInEvaluator:
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         self.prepared.append((family.name, dict(config)))
+
+    def discard(self, family: Any, config: dict[str, int]) -> None:
+        self.discarded.append((family.name, dict(config)))
 
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
         if not family.accepts(config):

@@ -797,6 +797,10 @@ class _StudyRun:
                 self.study.tell(item.trial, state=TrialState.FAIL)
                 if item.claim is not None and not item.alias:
                     self.shared.release(item.claim, requeue=item.retry)
+            discard = getattr(session.evaluator, "discard", None)
+            for item in self.pending:  # asked, compiling, never handed over
+                if discard is not None and not item.alias:
+                    discard(self.family, item.config)
             self.pending.clear()
             self.submitted.clear()
             bar.close()
