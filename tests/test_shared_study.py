@@ -37,7 +37,7 @@ def _shared_study():
 def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_path):
     out = tmp_path / "shared.json"
     argv = [sys.executable, str(SCRIPT), "--gpus", "0,0", "--shape", "128x128x128",
-            "--family", "naive", "--trials", "12", "--timeout", "30", "--kill-after", "0",
+            "--family", "naive", "--trials", "12", "--repeats", "2", "--timeout", "30", "--kill-after", "0",
             "--heartbeat", "0.5", "--stale-after", "2", "--cache", str(tmp_path / "cubins"),
             "--out", str(out)]
     if postgres_available():
@@ -52,14 +52,22 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     result = json.loads(out.read_text())
     assert result["mode"].startswith("mechanics only") and result["backend"] == "tuner.testing"
     assert result["devices"] == ["Stand-in GPU (analytic model)"]
-    [(key, single)] = result["single"]["studies"].items()
-    assert key == "naive 128x128x128" and single["best_gflops"] > 0
-    assert single["time_to_target_s"] is not None and single["duplicates"] == 0
-    pair = result["pair"]
-    assert len(pair["workers"]) == 2 and all(w["returncode"] == 0 for w in pair["workers"])
-    assert pair["duplicates"] == 0
-    assert {w["gpu"] for w in pair["workers"]} == {0}
-    assert sum(r["measured"] > 0 for r in pair["studies"][key]["runs"]) == 2, "both measured"
+    assert len(result["repeats"]) == 2 and "[single2] ended" in done.stdout
+    for repeat in result["repeats"]:
+        [(key, single)] = repeat["single"]["studies"].items()
+        assert key == "naive 128x128x128" and single["best_gflops"] > 0
+        assert single["time_to_target_s"] is not None and single["duplicates"] == 0
+        # every level of its own best is reached, the lower ones no later than the best
+        levels = single["time_to_level_s"]
+        assert list(levels) == ["0.95", "0.98", "0.99", "0.995"]
+        assert levels["0.995"] == single["time_to_target_s"]
+        assert sorted(levels.values()) == list(levels.values())
+        pair = repeat["pair"]
+        assert len(pair["workers"]) == 2 and all(w["returncode"] == 0 for w in pair["workers"])
+        assert pair["duplicates"] == 0
+        assert {w["gpu"] for w in pair["workers"]} == {0}
+        assert sum(r["measured"] > 0 for r in pair["studies"][key]["runs"]) == 2, "both measured"
+        assert set(repeat["speedup"]) == {"per_study", "single_s", "pair_s", "overall", "levels"}
 
     kill = result["kill"]
     survivor, victim = kill["workers"]
@@ -73,10 +81,19 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     assert verdicts["duplicates"] == {"value": 0, "target": 0, "met": True}
     assert verdicts["retried"]["met"] is True
     assert verdicts["speedup"]["met"] is None and verdicts["speedup"]["value"] is None
-    assert set(result["speedup"]) == {"per_study", "single_s", "pair_s", "overall"}
-    for phase in ("single", "pair", "kill"):
-        assert all(Path(w["log"]).exists() and "--claim-trials" in w["command"]
-                   for w in result[phase]["workers"])
+    speed = result["speedup"]
+    assert speed["repeats"] == 2 and len(speed["per_repeat"]) == 2
+    phases = [r[p] for r in result["repeats"] for p in ("single", "pair")] + [kill]
+    assert len({w["log"] for p in phases for w in p["workers"]}) == 2 * 3 + 2, "a log each"
+    assert all(Path(w["log"]).exists() and "--claim-trials" in w["command"]
+               for p in phases for w in p["workers"])
+
+
+def test_the_speed_up_is_the_median_over_repeats_a_pair_that_never_reached_counting_as_0():
+    shared = _shared_study()
+    assert shared.median_speedup([2.0, None, 1.8]) == 1.8
+    assert shared.median_speedup([None, None, 1.8]) == 0.0
+    assert shared.median_speedup([1.5, 1.9]) == pytest.approx(1.7)
 
 
 @pytest.mark.parametrize("gpus", ["0", "0,1,2", "a,b", "-1,0"])
@@ -85,6 +102,13 @@ def test_gpus_must_name_two_device_indices(gpus, capsys):
         _shared_study().parse_args([f"--gpus={gpus}"])
     assert exit_.value.code == 2
     assert "two device indices" in capsys.readouterr().err
+
+
+def test_repeats_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _shared_study().parse_args(["--repeats", "0"])
+    assert exit_.value.code == 2
+    assert "--repeats 0: at least 1" in capsys.readouterr().err
 
 
 def test_the_kill_must_go_stale_within_the_study_timeout(capsys):

@@ -76,6 +76,34 @@ def test_a_study_measures_its_budget_records_everything_and_reports_the_best(sto
         assert stored[trial.number].user_attrs["state"] == trial.state
 
 
+def test_a_budget_filled_by_another_worker_during_the_fill_ends_as_the_trial_budget(
+        store, monkeypatch):
+    """Another worker's last result can arrive in the pull inside the window's fill: nothing is
+    left to ask because the shared budget is full, and the run must say so (a worker of two on
+    two H200s reported "search space exhausted" with most of its space unmeasured)."""
+    from concurrent.futures import Future
+
+    from tuner.search import study as study_module
+
+    fill = study_module._StudyRun._fill
+    arrived: list[int] = []
+
+    def fill_with_a_result_arriving(self):
+        if self.tally.measured == self.budget.trials - 1 and not arrived:
+            stored: Future[int] = Future()
+            stored.set_result(10_000)
+            other = study_module._Known(stored, study_module.OK, 1.0, 0.0)
+            self.tally.add(other, {"another": "worker's config"})
+            arrived.append(self.tally.measured)
+        fill(self)
+
+    monkeypatch.setattr(study_module._StudyRun, "_fill", fill_with_a_result_arriving)
+    outcome = run_study(session_for(store, StandInEvaluator(), batch=1), NAIVE, P1024,
+                        Budget(trials=5, timeout_s=None, patience=None))
+    assert arrived == [5] and outcome.measured_now == 4
+    assert outcome.stop_reason == "trial budget"
+
+
 def test_running_again_resumes_the_study_without_measuring_a_config_twice(store):
     database, storage = store
     evaluator = StandInEvaluator()

@@ -739,7 +739,9 @@ class _StudyRun:
                 time.sleep(WAIT_FOR_OTHERS_S)
                 self.fruitless = 0
             else:
-                return "search space exhausted"
+                # the fill's pull may have brought the other workers' last results: the budget
+                # they filled, not the space, is then why nothing was left to ask
+                return self._stop_reason(deadline) or "search space exhausted"
             bar.update(min(self.tally.measured, self.budget.trials) - bar.n)
             self._show_best(bar)
         return reason
