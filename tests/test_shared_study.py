@@ -62,12 +62,14 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
         assert list(levels) == ["0.95", "0.98", "0.99", "0.995"]
         assert levels["0.995"] == single["time_to_target_s"]
         assert sorted(levels.values()) == list(levels.values())
+        assert single["budget_done_s"] >= single["best_found_s"]
         pair = repeat["pair"]
         assert len(pair["workers"]) == 2 and all(w["returncode"] == 0 for w in pair["workers"])
         assert pair["duplicates"] == 0
         assert {w["gpu"] for w in pair["workers"]} == {0}
         assert sum(r["measured"] > 0 for r in pair["studies"][key]["runs"]) == 2, "both measured"
-        assert set(repeat["speedup"]) == {"per_study", "single_s", "pair_s", "overall", "levels"}
+        assert set(repeat["speedup"]) == {"per_study", "single_s", "pair_s", "overall", "levels",
+                                          "budget"}
 
     kill = result["kill"]
     survivor, victim = kill["workers"]
