@@ -6,7 +6,10 @@
 
 Three phases, each on fresh databases (a results database and an Optuna storage, two PostgreSQL
 databases created on the server for the phase and dropped after it), every worker a real
-``python -m tuner --claim-trials`` process with a CUBIN cache of its own (every compile real):
+``python -m tuner --claim-trials`` process; each phase has a fresh CUBIN cache, which its
+workers share as tuners on one host share the default cache (every compile real, none twice:
+a compile one worker has begun, the other waits for). The JSON is written after every repeat
+(``"complete": false``) and again at the end, so a run cut short keeps what it measured:
 
 1. **single**: one worker on the first GPU; its wall time, and per study its best and when it
    was found (the stored trials' ``recorded_at`` in the results database).
@@ -132,8 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="--workers of each tuner (default: the tuner's, CPU cores - 2)")
     parser.add_argument("--cache", type=Path, default=None,
                         help="a CUBIN cache every worker of every phase shares (default: a "
-                             "fresh one per worker and phase: every compile real, as in the "
-                             "single run)")
+                             "fresh one per phase, shared by its workers as the default cache "
+                             "is by tuners on one host: every compile real)")
     parser.add_argument("--storage", default=None,
                         help="PostgreSQL server URL whose role may CREATE DATABASE (default: "
                              "a private server started with pgserver)")
@@ -357,9 +360,10 @@ class Phase:
 
     def workers(self, args: argparse.Namespace, gpus: tuple[int, ...], urls: tuple[str, str],
                 studies: list[tuple[str, str]], kill: bool = False) -> list[Worker]:
+        # One cache for the phase's workers, as the default one is for tuners on one host
+        # (kernels.compiler: a compile one has begun, the other waits for).
         return [Worker(f"w{i + 1}", gpu,
-                       tuner_argv(args, gpu, urls,
-                                  args.cache or self.scratch / self.name / f"cubins-w{i + 1}",
+                       tuner_argv(args, gpu, urls, args.cache or self.scratch / self.name / "cubins",
                                   studies, kill),
                        self.logs / f"{self.name}-w{i + 1}.log")
                 for i, gpu in enumerate(gpus)]
@@ -636,33 +640,19 @@ def out_path(args: argparse.Namespace, gpus: list[dict[str, str]]) -> Path:
     return HERE / "results" / f"shared_study-{gpu_slug(name)}.json"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    studies = [(family, shape) for family in args.family for shape in args.shape]
-    logs = args.logs or (args.out.parent / f"{args.out.stem}-logs" if args.out
-                         else HERE / "results" / "shared_study-logs")
-    begun = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gemmtune-shared-") as scratch, \
-            postgres_admin(args.storage, Path(scratch)) as admin:
-        def phase(name: str) -> Phase:
-            return Phase(name, admin, Path(scratch), logs)
-
-        repeats = []
-        for number in range(1, args.repeats + 1):
-            suffix = "" if args.repeats == 1 else str(number)
-            single = single_phase(args, phase(f"single{suffix}"), studies)
-            pair = pair_phase(args, phase(f"pair{suffix}"), studies, single)
-            repeats.append({"single": single, "pair": pair, "speedup": speedups(single, pair)})
-        kill = None if args.skip_kill else kill_phase(args, phase("kill"), studies[0])
+def assemble(args: argparse.Namespace, repeats: list[dict[str, Any]],
+             kill: dict[str, Any] | None, begun: float, complete: bool) -> dict[str, Any]:
     speed = summary(repeats)
-    result = {
+    return {
+        "complete": complete,  # False: written after a phase, the run still going (or cut)
         "gpus": list(args.gpus), "mode": "two GPUs" if args.gpus[0] != args.gpus[1]
         else MECHANICS_ONLY,
         "backend": os.environ.get(BACKEND_ENV) or "tuner.gpu",
         "devices": sorted({g["name"] for r in repeats for g in r["single"]["gpus"]
                            + r["pair"]["gpus"]}),
         "shapes": args.shape, "families": args.family, "trials": args.trials,
-        "repeats": repeats, "levels": list(LEVELS),
+        "repeats": repeats, "levels": list(LEVELS), "cache": "--cache" if args.cache
+        else "a fresh one per phase, shared by its workers",
         "patience": args.patience, "timeout_s": args.timeout, "best_tolerance": BEST_TOLERANCE,
         "kill_options": None if args.skip_kill else {
             "kill_after_s": args.kill_after, "heartbeat_s": args.heartbeat,
@@ -673,10 +663,38 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.monotonic() - begun, "host": socket.gethostname(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print_report(result)
-    out = out_path(args, repeats[0]["single"]["gpus"])
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    studies = [(family, shape) for family in args.family for shape in args.shape]
+    logs = args.logs or (args.out.parent / f"{args.out.stem}-logs" if args.out
+                         else HERE / "results" / "shared_study-logs")
+    begun = time.monotonic()
+    repeats: list[dict[str, Any]] = []
+    kill = None
+    with tempfile.TemporaryDirectory(prefix="gemmtune-shared-") as scratch, \
+            postgres_admin(args.storage, Path(scratch)) as admin:
+        def phase(name: str) -> Phase:
+            return Phase(name, admin, Path(scratch), logs)
+
+        for number in range(1, args.repeats + 1):
+            suffix = "" if args.repeats == 1 else str(number)
+            single = single_phase(args, phase(f"single{suffix}"), studies)
+            pair = pair_phase(args, phase(f"pair{suffix}"), studies, single)
+            repeats.append({"single": single, "pair": pair, "speedup": speedups(single, pair)})
+            out = out_path(args, repeats[0]["single"]["gpus"])
+            write(out, assemble(args, repeats, kill, begun, complete=False))  # if cut short
+        if not args.skip_kill:
+            kill = kill_phase(args, phase("kill"), studies[0])
+    result = assemble(args, repeats, kill, begun, complete=True)
+    print_report(result)
+    write(out, result)
     print(f"\nwrote {out} (tuner logs in {logs}; total {result['wall_s']:.0f} s)")
     if result["backend"] == "tuner.testing":
         print(f"({BACKEND_ENV}=tuner.testing: a CPU stand-in; these are no GPU timings)")

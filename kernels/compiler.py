@@ -1,12 +1,15 @@
 """NVRTC compilation to CUBIN, the ptxas resource report, and a content-addressed CUBIN cache."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -167,17 +170,33 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
     found = _read_entry(cubin_path, meta_path, arch, start)
     if found is not None:
         return found
-    cubin, log = compile_program(program, target, f"{family.name}.cu")
-    resources = parse_ptxas_report(log)
-    if family.kernel_name not in resources:
-        raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
-    seconds = time.perf_counter() - start
     cubin_path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"family": family.name, "config": dict(config), "arch": target, "nvrtc": nvrtc_version(),
-            "log": log, "resources": {k: asdict(v) for k, v in resources.items()}}
-    _atomic_write(cubin_path, cubin)
-    _atomic_write(meta_path, json.dumps(meta).encode())
+    with compiling(cubin_path):
+        found = _read_entry(cubin_path, meta_path, arch, start)  # built while we waited
+        if found is not None:
+            return found
+        cubin, log = compile_program(program, target, f"{family.name}.cu")
+        resources = parse_ptxas_report(log)
+        if family.kernel_name not in resources:
+            raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
+        seconds = time.perf_counter() - start
+        meta = {"family": family.name, "config": dict(config), "arch": target,
+                "nvrtc": nvrtc_version(), "log": log,
+                "resources": {k: asdict(v) for k, v in resources.items()}}
+        _atomic_write(cubin_path, cubin)
+        _atomic_write(meta_path, json.dumps(meta).encode())
     return CompiledKernel(cubin, arch, resources, log, seconds, cached=False)
+
+
+@contextmanager
+def compiling(cubin_path: Path) -> Iterator[None]:
+    """Hold the cache entry's lock while building it: processes sharing a cache (tuners of
+    several GPUs on one host, each with a compile pool) wait for a compile another has begun
+    instead of repeating it. The lock file stays: removing it could let a third process lock a
+    new file while the second still waits on the old one."""
+    with open(cubin_path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -1,6 +1,7 @@
 """NVRTC compiles of every family (no GPU needed), the ptxas report and the CUBIN cache."""
 import multiprocessing
 import random
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -102,3 +103,24 @@ def test_compile_error_carries_the_log():
     with pytest.raises(CompileError) as e:
         compile_program('extern "C" __global__ void gemm() { undefined_thing(); }', "sm_90")
     assert "undefined_thing" in e.value.log
+
+
+def _compile_smem_16(cache_dir: str) -> bool:
+    """In a separate process: whether this process compiled (False: the cache had it)."""
+    return not compile_config(get_family("smem"), {"TILE": 16}, "sm_90", cache_dir=cache_dir).cached
+
+
+def test_processes_sharing_a_cache_compile_an_entry_once(tmp_path):
+    """Two tuners' compile pools on one host ask for the same config at once: one compiles, the
+    other waits for its CUBIN. The test holds the entry's lock until both have asked."""
+    from kernels.compiler import _entry, compiling
+
+    fam = get_family("smem")
+    _, _, cubin_path, _ = _entry(fam, {"TILE": 16}, "sm_90", tmp_path)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        with compiling(cubin_path):
+            asked = [pool.apply_async(_compile_smem_16, (str(tmp_path),)) for _ in range(2)]
+            time.sleep(3)  # both workers spawned and blocked on the lock we hold
+            assert not any(a.ready() for a in asked), "a compile went ahead past the lock"
+        compiled = sorted(a.get(timeout=120) for a in asked)
+    assert compiled == [False, True], "exactly one process compiled"

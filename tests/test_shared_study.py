@@ -50,7 +50,8 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     assert "[kill] ended" in done.stdout and "mechanics only" in done.stdout
 
     result = json.loads(out.read_text())
-    assert result["mode"].startswith("mechanics only") and result["backend"] == "tuner.testing"
+    assert result["complete"] is True and result["mode"].startswith("mechanics only")
+    assert result["backend"] == "tuner.testing"
     assert result["devices"] == ["Stand-in GPU (analytic model)"]
     assert len(result["repeats"]) == 2 and "[single2] ended" in done.stdout
     for repeat in result["repeats"]:
