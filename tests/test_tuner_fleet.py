@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -232,3 +231,51 @@ def test_a_stale_after_not_above_the_heartbeat_is_refused(recording_path, tmp_pa
     assert exit_.value.code == EXIT_USAGE
     assert "--stale-after: 5 s is not longer than --heartbeat 5 s" in capsys.readouterr().err
     assert not (tmp_path / "refused.sqlite").exists()
+
+
+@needs_pg
+def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_backs_off(
+        tmp_path, monkeypatch):
+    """Two workers that both see room for the budget's last config claim at the same moment:
+    the later claim backs off, so together they measure exactly the budget (two H200 workers
+    measured 81 of 80). Here the other worker is a claim written into the storage just ahead of
+    this worker's fifth; it never finishes, goes stale and is measured as a retry."""
+    from tuner.search import fleet
+    from tuner.search.study import Budget, Session, run_study
+
+    budget = 5
+    ghost_config = {"BX": 32, "BY": 4, "COALESCED": 1}  # not among the random sampler's first five here
+    claim = fleet.SharedStudy.claim
+    ghosts: list[int] = []
+    claims: list[dict] = []
+
+    def claim_after_a_ghost(self, params, distributions):
+        claims.append(params)
+        if len(claims) == budget:  # this worker's fifth claim, its first four measured
+            template = optuna.trial.create_trial(
+                state=TrialState.RUNNING, distributions=distributions,
+                params=space.params_from_config(FAMILY, ghost_config),
+                system_attrs={fleet.WORKER_ATTR: "ghost:1"})
+            ghosts.append(self.storage.create_new_trial(self.study_id, template_trial=template))
+            self.storage.record_heartbeat(ghosts[-1])  # its only one: stale after STALE_AFTER
+        return claim(self, params, distributions)
+
+    monkeypatch.setattr(fleet.SharedStudy, "claim", claim_after_a_ghost)
+    with scratch_url("postgresql", tmp_path) as url:
+        database = db.open_database(url)
+        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-ghost")
+        info = evaluator.info()
+        session = Session(database=database, evaluator=evaluator, storage=storage,
+                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=GPU,
+                          progress=False, sampler="random", seed=3, claim_trials=True,
+                          heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        outcome = run_study(session, FAMILY, P, Budget(trials=budget, timeout_s=60,
+                                                       patience=None))
+        measured = [config for _, config, _ in evaluator.calls]
+        assert ghosts, "the ghost claim was written"
+        assert outcome.stop_reason == "trial budget" and len(measured) == budget
+        assert measured[-1] == ghost_config, "the fifth slot was the ghost's: retried, not ours"
+        assert len(_measured_trials(database)) == budget
+        storage.engine.dispose()
+        database.close()

@@ -535,6 +535,13 @@ class _StudyRun:
                 and self.tally.measured + self._in_flight() + len(self._others_holding())
                 - taking < self.budget.trials)
 
+    def _budget_full_before(self, claim: int) -> bool:
+        """Whether the budget was full, in claim order, when this claim was made: two workers
+        that both saw room for the budget's last config claim at once; the later claim (ids
+        are handed out in commit order) backs off, as for two claims of one config."""
+        earlier = sum(1 for t in self._others_holding() if t._trial_id < claim)
+        return self.tally.measured + self._in_flight() + earlier >= self.budget.trials
+
     def _time_room(self) -> int:
         """Candidates that can still be measured before the deadline at this run's rate so
         far, plus the evaluator's queue: near a time limit the window stops asking for
@@ -599,7 +606,8 @@ class _StudyRun:
             self._flush()  # the claim is written now, before measuring: after queued writes
             claim, _ = self.shared.claim(trial.params, self.distributions)
             self._pull()
-            if key in self.known or self.shared.claimed_before(key, claim):
+            if (key in self.known or self.shared.claimed_before(key, claim)
+                    or self._budget_full_before(claim)):
                 self.shared.release(claim, requeue=False)  # lost a race for it
                 self.study.tell(trial, state=TrialState.FAIL)
                 return False
