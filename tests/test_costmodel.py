@@ -110,14 +110,14 @@ def test_held_out_helpers():
 
 
 def _replay_study(tmp_path: Path, recording, problem: Problem, training, seed: int = 0,
-                  trials: int = 12, name: str = "model.sqlite"):
+                  trials: int = 12, name: str = "model.sqlite", sampler: str = "model"):
     database = db.open_database(f"sqlite:///{tmp_path / name}")
     replay = ReplayEvaluator(recording)
     info = replay.info()
     session = Session(database=database, evaluator=replay,
                       storage=optuna.storages.InMemoryStorage(),
                       gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-                      sampler="model", seed=seed, warm_start=False, progress=False,
+                      sampler=sampler, seed=seed, warm_start=False, progress=False,
                       training=training)
     family = replay.family(kernels.get_family("naive"))
     outcome = run_study(session, family, problem, Budget(trials=trials, timeout_s=None,
@@ -150,6 +150,33 @@ def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tm
     database.close()
     database, outcome, replay = _replay_study(tmp_path, recording, problems[0], training=None)
     assert replay.evaluations == 12 and outcome.best_gflops
+    database.close()
+
+
+def test_with_examples_of_other_families_only_the_model_sampler_starts_from_the_prior(
+        tmp_path):
+    """What other families teach the model transfers worse than the static prior (bench/NOTES.md,
+    session 11): with no other shape of the searched family among its examples, the model
+    sampler measures the prior's start-up first, as the default does."""
+    naive, smem = kernels.FAMILIES["naive"], kernels.FAMILIES["smem"]
+    problems = [Problem(256, 256, 1024), Problem(512, 512, 512)]
+    recording = record_with_evaluator(StandInEvaluator(), [naive, smem], problems,
+                                      max_configs=1000)
+    smem_only = [e for e in examples_from_recordings([recording]) if e.family == "smem"]
+    assert smem_only
+
+    def first_measured(database, outcome, count=4):
+        trials = [t for t in database.run_history(outcome.run_id)
+                  if t.state not in ("rejected", "missing")]
+        return [t.params for t in trials[:count]]
+
+    database, model_run, _ = _replay_study(tmp_path, recording, problems[0], smem_only,
+                                           trials=6)
+    model_first = first_measured(database, model_run)
+    database.close()
+    database, default_run, _ = _replay_study(tmp_path, recording, problems[0], None, trials=6,
+                                             name="default.sqlite", sampler="default")
+    assert model_first == first_measured(database, default_run)
     database.close()
 
 

@@ -9,8 +9,9 @@ refitted as they grow
 (``REFIT_GROWTH``). Each ask takes the unmeasured accepted config with the highest
 prediction; one ask in ``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
 about a region would otherwise never be corrected there), as TVM MetaSchedule's
-epsilon-greedy search does. With nothing to learn from yet (a fresh database, no own
-measurements), the start-up is the static prior's (``SearchSpace.startup``).
+epsilon-greedy search does. With nothing of the family to learn from yet (a fresh database, or
+examples of other families only), the start-up is the static prior's (``SearchSpace.startup``):
+what other families teach the model transfers worse than the prior (bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -138,7 +139,8 @@ def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:
 
 
 class ModelSampler(optuna.samplers.BaseSampler):
-    """See the module's docstring. ``startup``: the static prior's picks (positions)."""
+    """See the module's docstring. ``startup``: the static prior's picks (positions), given
+    where the examples hold no other shape of the family (``learns_family``): measured first."""
 
     def __init__(self, learned: LearnedSpace, distributions: Mapping[str, BaseDistribution],
                  startup: Sequence[Mapping[str, int]], seed: int | None) -> None:
@@ -178,7 +180,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
                   if _key(p, names) not in seen]
         if not unseen:
             return {}
-        if self.offline.rows == 0 and len(measured) < STARTUP_TRIALS:
+        if (self.offline.rows == 0 or self.startup) and len(measured) < STARTUP_TRIALS:
             for params in self.startup:
                 if _key(params, names) not in seen and _key(params, self.names) in self.index:
                     return {n: int(params[n]) for n in names}
@@ -227,12 +229,18 @@ class ModelSampler(optuna.samplers.BaseSampler):
 HYBRID_PICKS = 3
 
 
+def learns_family(learned: LearnedSpace, family: str) -> bool:
+    """Whether the examples hold this family measured on another problem: where they do not,
+    the model knows only what other families taught it, and the static prior starts better."""
+    return any(e.family == family for e in learned.examples)
+
+
 def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
                 ) -> list[dict[str, int]]:
     """The ``count`` accepted configs (positions) the cost model ranks highest, when its examples
     hold this family measured elsewhere; [] when they do not (then it is no better than the
     prior, whose picks stand alone)."""
-    if count < 1 or not any(e.family == family for e in learned.examples):
+    if count < 1 or not learns_family(learned, family):
         return []
     model = CostModel(seed)
     model.add_examples(learned.examples)

@@ -32,7 +32,7 @@ from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
-                                  model_picks, unit_held_out)
+                                  learns_family, model_picks, unit_held_out)
 from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, SearchSpace,
                                    make_sampler)
 from tuner.search.warmstart import warm_start_configs
@@ -305,10 +305,13 @@ class _StudyRun:
         # hybrid only needs the model for its start-up picks
         learned = (self._learned() if session.sampler == "model"
                    or (session.sampler == "hybrid" and not resumed) else None)
-        # The model sampler starts from the static prior only with nothing to learn from.
+        # The model sampler starts from the static prior where its examples hold no other
+        # shape of this family (what other families teach it transfers worse than the prior;
+        # the hybrid's rule, tuner.search.learned.model_picks).
         wants_startup = (not resumed
                          and (session.sampler in PRIOR_SAMPLERS
-                              or (learned is not None and not learned.examples)))
+                              or (learned is not None
+                                  and not learns_family(learned, family.name))))
         startup = self._prior_startup() if wants_startup else []
         picks: list[dict[str, int]] = []
         if session.sampler == "hybrid" and wants_startup and learned is not None:
