@@ -77,6 +77,13 @@ def test_a_deadline_too_short_for_a_long_run_skips_it_and_says_so(tmp_path):
     assert "skipped: 64x48x32 naive: no time for the long run" in done.stdout
 
 
+def test_the_model_sampler_with_a_family_it_cannot_list_is_refused_before_any_run(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        live_check.main(["--sampler", "model", "--family", "tf32x3", "--family", "splitk"])
+    assert exit_.value.code == 2
+    assert "splitk has more than 1,000,000" in capsys.readouterr().err
+
+
 def test_a_recorded_shape_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         live_check.main(["--shape", "3000x3000x3000", "--family", "naive"])

@@ -60,6 +60,11 @@ def test_help_explains_every_option():
         (["--budget", "60", "--timeout", "5"], ["--timeout", "not allowed with", "--budget"]),
         (["--patience", "-1"], ["--patience", "0 or more"]),
         (["--sampler", "annealing"], ["annealing", "tpe", "gp", "cmaes", "random"]),
+        # found live: it used to fail with a traceback at splitk's study, the others tuned
+        (["--sampler", "model", "--kernel", "naive", "--kernel", "splitk"],
+         ["'model'", "splitk has more than 1,000,000 configs", "--kernel", "naive, smem",
+          "--sampler default"]),
+        (["--sampler", "model"], ["splitk has more than"]),
     ],
 )
 def test_bad_input_exits_2_naming_what_was_wrong_and_what_is_allowed(argv, wanted, capsys):
@@ -80,6 +85,11 @@ def test_a_sampler_whose_packages_are_missing_is_refused(capsys):
     assert exit_.value.code == 2
     message = capsys.readouterr().err
     assert "'gp'" in message and all(package in message for package in missing)
+
+
+def test_the_model_sampler_takes_families_whose_space_is_listed():
+    args = parse_args(["--sampler", "model", "--kernel", "naive", "--kernel", "wgmma"])
+    assert [f.name for f in args.families] == ["naive", "wgmma"]
 
 
 def test_defaults_and_repeated_options():

@@ -196,6 +196,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     if not args.heartbeat < args.stale_after:
         parser.error(f"argument --stale-after: {args.stale_after:g} s is not longer than "
                      f"--heartbeat {args.heartbeat:g} s; a live worker would be taken for dead")
+    if args.sampler == "model" and not args.replay:  # a recording's grids are enumerable
+        from tuner.search.study import ENUMERABLE_SPACE, enumerable
+
+        too_large = [f.name for f in families or kernels.FAMILIES.values() if not enumerable(f)]
+        if too_large:
+            listed = [f.name for f in kernels.FAMILIES.values() if enumerable(f)]
+            parser.error(f"argument --sampler: 'model' ranks every accepted config, and "
+                         f"{', '.join(too_large)} {'has' if len(too_large) == 1 else 'have'} "
+                         f"more than {ENUMERABLE_SPACE:,} configs: name the families with "
+                         f"--kernel ({', '.join(listed)} are small enough) or use --sampler "
+                         f"default")
     missing = missing_packages(args.sampler)
     if missing and not args.dry_run:
         parser.error(f"argument --sampler: {args.sampler!r} needs the Python package(s) "

@@ -188,11 +188,14 @@ def _seed_for(seed: int | None, n_trials: int, shared: bool = False) -> int | No
     return seed + n_trials + (os.getpid() if shared else 0)
 
 
+def enumerable(family: Any) -> bool:
+    """Whether a study lists the family's accepted configs (what --sampler model ranks, and
+    what the default's prior groups): its full product of values is at most ENUMERABLE_SPACE."""
+    return math.prod(len(param.values) for param in family.params) <= ENUMERABLE_SPACE
+
+
 def _accepted_configs(family: Any, arch: str) -> list[dict[str, int]] | None:
-    total = math.prod(len(param.values) for param in family.params)
-    if total > ENUMERABLE_SPACE:
-        return None
-    return list(enumerate_accepted(family, arch))
+    return list(enumerate_accepted(family, arch)) if enumerable(family) else None
 
 
 @dataclass
