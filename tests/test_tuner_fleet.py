@@ -244,7 +244,9 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
     from tuner.search.study import Budget, Session, run_study
 
     budget = 5
-    ghost_config = {"BX": 32, "BY": 4, "COALESCED": 1}  # not among the random sampler's first five here
+    # The ghost claims a config this worker has not claimed: claiming workers seed their
+    # sampler with their pid, so a fixed config collided with its first four one run in ~15.
+    ghost_config: dict[str, int] = {}
     claim = fleet.SharedStudy.claim
     ghosts: list[int] = []
     claims: list[dict] = []
@@ -252,6 +254,8 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
     def claim_after_a_ghost(self, params, distributions):
         claims.append(params)
         if len(claims) == budget:  # this worker's fifth claim, its first four measured
+            taken = [space.config_from_params(FAMILY, p) for p in claims]
+            ghost_config.update(next(c for c in _accepted(FAMILY) if c not in taken))
             template = optuna.trial.create_trial(
                 state=TrialState.RUNNING, distributions=distributions,
                 params=space.params_from_config(FAMILY, ghost_config),
