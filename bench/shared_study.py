@@ -86,6 +86,7 @@ TARGET_SPEEDUP = 1.7
 TARGET_DUPLICATES = 0
 BEST_TOLERANCE = 0.005  # "reached the best": within 0.5 %, the tuner's own patience rule
 LEVELS = (0.95, 0.98, 0.99, 1 - BEST_TOLERANCE)  # fractions of the single run's best
+TARGET_LEVEL = f"{1 - BEST_TOLERANCE:g}"  # the issue's: the single run's best, within 0.5 %
 START_MARGIN_S = 300.0  # a worker's start-up and cuBLAS baselines beside its studies' timeouts
 POLL_S = 0.05
 DEFAULT_SHAPES = ("2048x2048x2048", "1023x1025x999")
@@ -319,13 +320,12 @@ def best_figures(study: StudyTrials, target_of: float) -> dict[str, Any]:
     """The study's best, and when it (and each level of target_of: the 0.5 % band below it,
     and LEVELS) was first reached."""
     best = study.best
-    reached = study.first_at_or_above(target_of * (1 - BEST_TOLERANCE))
+    levels = {f"{level:g}": study.seconds_to(study.first_at_or_above(target_of * level))
+              for level in LEVELS}
     return {"best_gflops": best.gflops if best else None,
             "best_params": best.params if best else None,
             "best_found_s": study.seconds_to(best),
-            "time_to_target_s": study.seconds_to(reached),
-            "time_to_level_s": {f"{level:g}": study.seconds_to(
-                study.first_at_or_above(target_of * level)) for level in LEVELS},
+            "time_to_target_s": levels[TARGET_LEVEL], "time_to_level_s": levels,
             "budget_done_s": study.seconds_to(study.trials[-1] if study.trials else None),
             "measured": len(study.trials), "duplicates": study.duplicates(),
             "runs": [{"id": r.id, "gpu": r.gpu_name, "uuid": r.gpu_uuid, "state": r.state,
@@ -596,7 +596,11 @@ def _x(value: float | None) -> str:
 
 def print_report(result: dict[str, Any]) -> None:
     two_gpus = result["gpus"][0] != result["gpus"][1]
-    levels = [f"{level:g}" for level in LEVELS]
+    percents = " / ".join(f"{level:.1%}" for level in LEVELS)
+
+    def at_levels(speed: dict[str, Any]) -> str:
+        return " / ".join(_x(speed["levels"][f"{level:g}"]) for level in LEVELS)
+
     print(f"\n{'repeat':<7}{'study':<26}{'single best':>12}{'to best s':>10}"
           f"{'pair to it s':>13}{'speed-up':>9}{'measured':>9}{'twice':>6}")
     for number, repeat in enumerate(result["repeats"], 1):
@@ -609,18 +613,15 @@ def print_report(result: dict[str, Any]) -> None:
                   f"{_s(alone['time_to_target_s']):>10}{_s(together.get('time_to_target_s')):>13}"
                   f"{ratio:>9}{together.get('measured', 0):>9}{together.get('duplicates', 0):>6}")
         print(f"{'':<7}wall: single {single['wall_s']:.1f} s, pair {pair['wall_s']:.1f} s; "
-              f"speed-up at {' / '.join(f'{float(level):.1%}' for level in levels)} of "
-              f"single's best: {' / '.join(_x(speed['levels'][level]) for level in levels)}; "
+              f"speed-up at {percents} of single's best: {at_levels(speed)}; "
               f"to the trial budget's last result: {_x(speed['budget'])}")
     if not two_gpus:
         print(f"(both workers on one GPU: {MECHANICS_ONLY})")
     else:
         total = result["speedup"]
-        print(f"median speed-up over {total['repeats']} repeat(s) at "
-              f"{' / '.join(f'{float(level):.1%}' for level in levels)} of single's best: "
-              f"{' / '.join(_x(total['levels'][level]) for level in levels)} (the pair reached "
-              f"single's best in {total['reached']} of {total['repeats']}); to the trial "
-              f"budget's last result: {_x(total['budget'])}")
+        print(f"median speed-up over {total['repeats']} repeat(s) at {percents} of single's "
+              f"best: {at_levels(total)} (the pair reached single's best in {total['reached']} "
+              f"of {total['repeats']}); to the trial budget's last result: {_x(total['budget'])}")
     kill = result.get("kill")
     if kill:
         for claim in kill["killed_claims"]:

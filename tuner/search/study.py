@@ -538,15 +538,18 @@ class _StudyRun:
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout."""
         return (self._in_flight() < min(self.session.batch, self._time_room())
-                and self.tally.measured + self._in_flight() + len(self._others_holding())
-                - taking < self.budget.trials)
+                and self._budget_taken(len(self._others_holding()) - taking) < self.budget.trials)
+
+    def _budget_taken(self, held_by_others: int) -> int:
+        """Measured, in flight here, and held by other workers: the budget spent or promised."""
+        return self.tally.measured + self._in_flight() + held_by_others
 
     def _budget_full_before(self, claim: int) -> bool:
         """Whether the budget was full, in claim order, when this claim was made: two workers
         that both saw room for the budget's last config claim at once; the later claim (ids
         are handed out in commit order) backs off, as for two claims of one config."""
         earlier = sum(1 for t in self._others_holding() if t._trial_id < claim)
-        return self.tally.measured + self._in_flight() + earlier >= self.budget.trials
+        return self._budget_taken(earlier) >= self.budget.trials
 
     def _time_room(self) -> int:
         """Candidates that can still be measured before the deadline at this run's rate so
