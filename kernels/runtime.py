@@ -100,9 +100,11 @@ def encode_tensor_map(tm: TensorMap, operands: dict[str, tuple[int, int]], works
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
 
 
-# Every family's kernel signature: m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, workspace.
+# Every family's kernel signature (kernels.space.KERNEL_SIGNATURE): m, n, k, alpha, A, lda, B, ldb,
+# beta, C, ldc, workspace, then the launch's own splits and raster.
 _PARAM_TYPES = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+                ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                ctypes.c_int, ctypes.c_int)
 
 
 class LoadedKernel:
@@ -140,11 +142,11 @@ class LoadedKernel:
         args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace)
         types = _PARAM_TYPES
         for launch in self.launches if launches is None else launches:
-            params = (args, types)
+            params = (args + (launch.splits, launch.raster), types)
             if launch.tensor_maps:
                 operands = {"a": (a, lda), "b": (b, ldb)}
                 maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
-                params = (args + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
+                params = (params[0] + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
             check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
                                         launch.shared_bytes, stream, params, 0),
                   f"cuLaunchKernel({launch.kernel})")

@@ -19,7 +19,7 @@ FAMILY_DIR = Path(__file__).parent / "families"
 KERNEL_SIGNATURE = (
     "int M, int N, int K, float alpha, const float* __restrict__ A, int lda, "
     "const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, "
-    "float* __restrict__ workspace"
+    "float* __restrict__ workspace, int splits, int raster"
 )
 
 # Shared memory a block may opt in to, per architecture (bytes); used by constraints so that a
@@ -46,6 +46,9 @@ class Param:
     name: str
     values: tuple[int, ...]
     doc: str
+    # Passed to the kernel when it is launched (the `splits` and `raster` arguments), not
+    # compiled into its program: configs that differ only in such values share one CUBIN.
+    launch_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Launch:
     block: tuple[int, int, int]
     shared_bytes: int
     tensor_maps: tuple[TensorMap, ...] = ()
+    splits: int = 1  # the kernel's `splits` and `raster` arguments (Family.launch_values)
+    raster: int = 1
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
@@ -148,16 +153,24 @@ class Family:
     def splits(self, c: Config) -> int:
         return 1
 
+    def launch_values(self, c: Config) -> dict[str, int]:
+        """The launch-time arguments every kernel of the config's program takes: slices of K
+        and block-order group height (1 where the family has no RASTER parameter)."""
+        return {"splits": self.splits(c), "raster": int(c["RASTER"]) if "RASTER" in c else 1}
+
     def launches(self, c: Config, m: int, n: int, k: int) -> list[Launch]:
         self.validate(c)
         check_dims(m, n, k)
         tm, tn = self.tiles(c, m, n)
         blocks = div_up(m, tm) * div_up(n, tn)
-        main = Launch(self.kernel_name, (blocks, 1, self.splits(c)), (self.threads(c), 1, 1), self.shared_bytes(c))
+        values = self.launch_values(c)
+        main = Launch(self.kernel_name, (blocks, 1, self.splits(c)), (self.threads(c), 1, 1), self.shared_bytes(c),
+                      **values)
         if self.splits(c) == 1:
             return [main]
         reduce_threads = 256
-        return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0)]
+        return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0,
+                             **values)]
 
     def main_launch(self, c: Config, m: int, n: int, k: int) -> Launch:
         """The GEMM kernel's own launch (occupancy and resources describe it), wherever it runs
@@ -182,10 +195,11 @@ class Family:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
     def program(self, c: Config) -> str:
-        """The full CUDA text for one config: parameters as macros ahead of the source."""
+        """The full CUDA text for one config: compile-time parameters as macros ahead of the
+        source, and SPLIT (1 where K is sliced); launch-time parameters are left out."""
         self.validate(c)
-        defines = "".join(f"#define {p.name} {int(c[p.name])}\n" for p in self.params)
-        return defines + self.source
+        defines = "".join(f"#define {p.name} {int(c[p.name])}\n" for p in self.params if not p.launch_time)
+        return defines + f"#define SPLIT {int(self.splits(c) > 1)}\n" + self.source
 
     # --- parameter space ---------------------------------------------------------------------
     def validate(self, c: Config) -> None:

@@ -128,3 +128,33 @@ def test_public_gemm_from_threads_running_other_shapes_of_one_config():
 
     with ThreadPoolExecutor(len(shapes)) as pool:
         assert max(pool.map(run, shapes)) < 1.0
+
+
+LAUNCH_TIME_SHAPES = [(127, 131, 257), (1023, 1025, 999), (67, 61, 8191)]
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if any(p.launch_time for p in f.params)])
+def test_one_program_runs_every_launch_time_value(bench, name):
+    """RASTER and SPLITK arrive as kernel arguments: one CUBIN serves every value of them, so
+    each value is checked against float64 through the CUBIN compiled for another."""
+    import itertools
+
+    fam, arch = get_family(name), bench.arch()
+    moving = [p for p in fam.params if p.launch_time]
+    config = fam.sample_accepted(1, seed=random.randrange(1 << 30), arch=arch)[0]
+    variants = [v for values in itertools.product(*(p.values for p in moving))
+                if fam.accepts(v := dict(config, **{p.name: x for p, x in zip(moving, values)}), arch)]
+    cubins: dict[bool, bytes] = {}
+    for v in variants:  # compiled for the first variant of each kind (sliced K or not) only
+        sliced = fam.splits(v) > 1
+        if sliced not in cubins:
+            cubins[sliced] = compile_config(fam, v, arch).cubin
+    failures = []
+    for m, n, k in LAUNCH_TIME_SHAPES:
+        bench.set_problem(m, n, k, seed=random.randrange(1 << 30))
+        for v in variants:
+            r = bench.evaluate(cubins[fam.splits(v) > 1], fam.launches(v, m, n, k),
+                               fam.workspace_bytes(v, m, n, k), fam.flops(m, n, k))
+            if r["state"] != "ok":
+                failures.append(f"{(m, n, k)} {v}: {r['state']} {r['error']}")
+    assert len(variants) > 1 and not failures, "\n".join(failures)

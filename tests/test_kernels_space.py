@@ -123,3 +123,70 @@ def test_every_family_declares_its_arithmetic():
         assert fam.precision in classes, f"{name}: precision {fam.precision!r} not in {sorted(classes)}"
     assert get_family("tf32x3").precision == get_family("wgmma").precision == "fp32-tc"
     assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3", "wgmma"}
+
+
+# ---- launch-time parameters (issue 19: configs differing only in them share one compile) ----
+
+LAUNCH_TIME = {"RASTER", "SPLITK"}
+
+
+def _code(text: str) -> str:
+    """CUDA text without its comments."""
+    import re
+
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_launch_time_parameters_share_a_program_and_reach_every_launch(name):
+    fam = get_family(name)
+    assert {p.name for p in fam.params if p.launch_time} == LAUNCH_TIME & {p.name for p in fam.params}
+    moving = [p for p in fam.params if p.launch_time]
+    for config in fam.sample_accepted(4, seed=7):
+        for p in moving:
+            for value in p.values:
+                other = dict(config, **{p.name: value})
+                if not fam.accepts(other):
+                    continue
+                # One program for every value, but for the one thing compiled in: whether K is sliced.
+                same_split = (fam.splits(other) > 1) == (fam.splits(config) > 1)
+                assert (fam.program(other) == fam.program(config)) == same_split, (config, p.name, value)
+                want = (fam.splits(other), other.get("RASTER", 1))
+                for launch in fam.launches(other, 1023, 1025, 999):  # pre-pass, GEMM and reduction alike
+                    assert (launch.splits, launch.raster) == want, (launch.kernel, other)
+        # Every compile-time parameter is in the program, and changes it.
+        for p in fam.params:
+            if p.launch_time:
+                continue
+            for value in p.values:
+                other = dict(config, **{p.name: value})
+                if value != config[p.name] and fam.accepts(other):
+                    assert fam.program(other) != fam.program(config), (config, p.name, value)
+                    break
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_no_launch_time_parameter_is_read_as_a_macro(name):
+    # An undefined macro in `#if` reads as 0 without a word from the compiler: a source that still
+    # tested SPLITK or RASTER would silently take one branch for every value.
+    import re
+
+    code = _code(get_family(name).source)
+    for p in LAUNCH_TIME:
+        assert not re.search(rf"\b{p}\b", code), f"{name}'s source still names {p}"
+
+
+def test_kernel_signature_is_the_one_every_source_and_the_launcher_use():
+    import ctypes
+    import re
+
+    from kernels.runtime import _PARAM_TYPES
+    from kernels.space import FAMILY_DIR, KERNEL_SIGNATURE
+
+    macro = re.search(r"#define GEMM_ARGS(.*?)\n\n", (FAMILY_DIR / "common.cuh").read_text(), re.S).group(1)
+    assert " ".join(macro.replace("\\", " ").split()) == " ".join(KERNEL_SIGNATURE.split())
+    params = KERNEL_SIGNATURE.split(", ")
+    assert len(params) == len(_PARAM_TYPES)
+    for param, ctype in zip(params, _PARAM_TYPES):
+        assert (ctype is ctypes.c_void_p) == ("*" in param), param
+    assert params[-2:] == ["int splits", "int raster"]

@@ -7,7 +7,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     float* As = smem;            // [BK][BM] (transposed)
     float* Bs = smem + BK * BM;  // [BK][BN]
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const int tid = threadIdx.x;
     const int tc = tid % (BN / TN), tr = tid / (BN / TN);

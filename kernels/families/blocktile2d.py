@@ -2,7 +2,7 @@
 from kernels.space import Config, Constraint, Family, Param
 
 TILE = (16, 32, 64, 128, 256)
-RASTER = Param("RASTER", (1, 4, 8, 16), "block-order group height for L2 reuse (1 = row-major order)")
+RASTER = Param("RASTER", (1, 4, 8, 16), "block-order group height for L2 reuse (1 = row-major order)", launch_time=True)
 
 
 class BlockTile2D(Family):

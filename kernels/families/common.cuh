@@ -5,20 +5,21 @@
 #define GEMM_ARGS                                                                        \
     int M, int N, int K, float alpha, const float* __restrict__ A, int lda,              \
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, \
-        float* __restrict__ workspace
+        float* __restrict__ workspace, int splits, int raster
 
-#ifndef RASTER
-#define RASTER 1
-#endif
+// Launch-time values, passed as the last two arguments so that configs differing only in them
+// share one compiled program (issue 19: fewer compiles): `splits`, the slices of K (gridDim.z of
+// the GEMM launch; the program's SPLIT macro says only whether there are several), and `raster`.
 
-// Block order: groups of RASTER tile-rows are walked column by column, so blocks that run at
-// the same time share A rows and B columns in L2. RASTER = 1 is plain row-major order.
-__device__ __forceinline__ void tile_coords(int& tile_m, int& tile_n, int tiles_m, int tiles_n) {
+// Block order: groups of `raster` tile-rows are walked column by column, so blocks that run at
+// the same time share A rows and B columns in L2. raster = 1 is plain row-major order (families
+// without a RASTER parameter pass a literal 1, which folds away).
+__device__ __forceinline__ void tile_coords(int& tile_m, int& tile_n, int tiles_m, int tiles_n, int raster) {
     const int pid = blockIdx.x;
-    const int width = RASTER * tiles_n;
+    const int width = raster * tiles_n;
     const int group = pid / width;
-    const int first_m = group * RASTER;
-    const int rows = min(tiles_m - first_m, RASTER);
+    const int first_m = group * raster;
+    const int rows = min(tiles_m - first_m, raster);
     const int in_group = pid - group * width;
     tile_m = first_m + in_group % rows;
     tile_n = in_group / rows;
@@ -33,16 +34,16 @@ __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
-// Sums the SPLITK partial products in workspace ([SPLITK][M][N]) into C. Same signature as
+// Sums the `splits` partial products in workspace ([splits][M][N]) into C. Same signature as
 // every kernel so that one launcher serves all families.
-#if defined(SPLITK) && SPLITK > 1
+#if SPLIT
 extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long mn = (long long)M * N;
     if (idx >= mn) return;
     float sum = 0.0f;
 #pragma unroll 4
-    for (int s = 0; s < SPLITK; ++s) sum += workspace[s * mn + idx];
+    for (int s = 0; s < splits; ++s) sum += workspace[s * mn + idx];
     const int row = (int)(idx / N), col = (int)(idx % N);
     float* c = C + (size_t)row * ldc + col;
     *c = epilogue(sum, alpha, beta, c);

@@ -4,11 +4,11 @@
 extern "C" __global__ void __launch_bounds__(BX * BY) gemm(GEMM_ARGS) {
     int tile_m, tile_n;
 #if COALESCED
-    tile_coords(tile_m, tile_n, DIV_UP(M, BY), DIV_UP(N, BX));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BY), DIV_UP(N, BX), 1);
     const int row = tile_m * BY + threadIdx.x / BX;
     const int col = tile_n * BX + threadIdx.x % BX;
 #else
-    tile_coords(tile_m, tile_n, DIV_UP(M, BX), DIV_UP(N, BY));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BX), DIV_UP(N, BY), 1);
     const int row = tile_m * BX + threadIdx.x % BX;
     const int col = tile_n * BY + threadIdx.x / BX;
 #endif

@@ -1,9 +1,6 @@
-#ifndef SPLITK
-#define SPLITK 1
-#endif
 // Rungs 7-8: warptiling fed by a STAGES-deep ring of shared-memory tiles filled with cp.async,
-// so loads of tile t+STAGES-1 overlap the FFMAs of tile t. With SPLITK > 1, blockIdx.z takes one
-// slice of K and writes raw partial sums to workspace; gemm_splitk_reduce applies alpha/beta.
+// so loads of tile t+STAGES-1 overlap the FFMAs of tile t. With SPLIT (splitk family), blockIdx.z takes
+// one of `splits` slices of K and writes raw partial sums to workspace; gemm_splitk_reduce applies alpha/beta.
 #define NT THREADS
 #include "common.cuh"
 #include "tiles.cuh"
@@ -11,11 +8,11 @@
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes a whole number of BK tiles.
-    const int k_chunk = DIV_UP(DIV_UP(K, SPLITK), BK) * BK;
+    const int k_chunk = DIV_UP(DIV_UP(K, splits), BK) * BK;
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
@@ -46,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     }
     cp_async_wait<0>();
 
-#if SPLITK > 1
+#if SPLIT
     float* partial = workspace + (size_t)blockIdx.z * M * N;
     warp_tile_store(partial, N, M, N, row0, col0, p, acc, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace));
 #else

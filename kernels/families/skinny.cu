@@ -1,13 +1,10 @@
-#ifndef SPLITK
-#define SPLITK 1
-#endif
 // Rung 10: small-M GEMM ("skinny": a few rows of A against a large B, e.g. 16 x 4096 x 4096),
 // where reading B once from DRAM is the floor and the tiled families' block-wide pipelines stall.
 // Each warp streams its own batches of UNROLL rows of a 128-column slice of B (plus the matching
 // TM x UNROLL corner of A) into a private STAGES-deep cp.async ring, so the bytes in flight live
 // in shared memory, not registers, and no block barrier sits in the main loop. Each lane keeps
 // the TM x 4 outputs of its four columns. The WK warps of a block take turns over the block's K
-// range and meet once, at the end; SPLITK spreads K over blocks (blockIdx.z) through the
+// range and meet once, at the end; SPLITK (`splits`) spreads K over blocks (blockIdx.z) through the
 // workspace and the reduction kernel.
 #define BN 128
 #define NT (32 * WK)
@@ -80,7 +77,7 @@ __device__ __forceinline__ void multiply_batch(float (&acc)[TM][4], const float*
 __device__ __forceinline__ void store_out(float* __restrict__ C, int ldc, float* __restrict__ workspace, int M,
                                           int N, int row, int col, float v, float alpha, float beta) {
     if (row >= M || col >= N) return;
-#if SPLITK > 1
+#if SPLIT
     workspace[(size_t)blockIdx.z * M * N + (size_t)row * N + col] = v;
 #else
     float* c = C + (size_t)row * ldc + col;
@@ -98,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes whole batches, so a batch never straddles two splits.
-    const int k_chunk = DIV_UP(DIV_UP(K, SPLITK), UNROLL) * UNROLL;
+    const int k_chunk = DIV_UP(DIV_UP(K, splits), UNROLL) * UNROLL;
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     // This warp's batches: warp, warp + WK, warp + 2*WK, ... of the slice.

@@ -22,7 +22,7 @@ class Skinny(Family):
         Param("UNROLL", (4, 8, 16, 32), "rows of B per batch (one ring slot)"),
         Param("STAGES", (2, 3, 4, 6, 8), "ring slots per warp (batches in flight)"),
         Param("WK", (1, 2, 4, 8, 16), "warps per block, taking turns over the block's K range"),
-        Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel"),
+        Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
     )
 
     # From the full sweep on the H100 at 16x4096x4096 (bench/NOTES.md, rung 10): the fastest that

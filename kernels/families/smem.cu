@@ -4,7 +4,7 @@ extern "C" __global__ void __launch_bounds__(TILE * TILE) gemm(GEMM_ARGS) {
     __shared__ float As[TILE][TILE];
     __shared__ float Bs[TILE][TILE];
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, DIV_UP(M, TILE), DIV_UP(N, TILE));
+    tile_coords(tile_m, tile_n, DIV_UP(M, TILE), DIV_UP(N, TILE), 1);
     const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
     const int row = tile_m * TILE + ty, col = tile_n * TILE + tx;
     float acc = 0.0f;

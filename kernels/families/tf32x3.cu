@@ -1,6 +1,3 @@
-#ifndef SPLITK
-#define SPLITK 1
-#endif
 // Rung 9: error-compensated TF32 tensor cores (3xTF32). Each FP32 operand x is split into
 // big = tf32(x) and small = x - big; a*b is summed as a_small*b_big + a_big*b_small + a_big*b_big
 // with FP32 accumulation (the a_small*b_small term is below FP32 rounding). Three tensor-core
@@ -155,12 +152,12 @@ __device__ __forceinline__ void store2(float* C, int ldc, int M, int N, int row,
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes a whole number of BK slices.
-    const int k_chunk = DIV_UP(DIV_UP(K, SPLITK), BK) * BK;
+    const int k_chunk = DIV_UP(DIV_UP(K, splits), BK) * BK;
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
@@ -192,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
 
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t2 = (lane % 4) * 2;
-#if SPLITK > 1
+#if SPLIT
     float* out = workspace + (size_t)blockIdx.z * M * N;
     const int ld_out = N;
     const float a_out = 1.0f, b_out = 0.0f;

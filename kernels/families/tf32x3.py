@@ -27,7 +27,7 @@ class Tf32x3(Family):
         Param("KGROUP", (1, 2, 4),
               "k-steps (8 deep) summed on the tensor core before each FP32 add"),
         Param("STAGES", (2, 3, 4), "shared-memory slices in flight (cp.async ring depth)"),
-        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
+        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
         RASTER,
     )
     constraints = (

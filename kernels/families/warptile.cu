@@ -8,7 +8,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     float* As = smem;
     float* Bs = smem + A_TILE_FLOATS;
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN));
+    tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);

@@ -1,6 +1,3 @@
-#ifndef SPLITK
-#define SPLITK 1
-#endif
 // Rung 11: Hopper's own path to FP32-accurate tensor-core GEMM (sm_90a).
 //
 // 3xTF32 as in tf32x3 (x = big + small, big = x rounded to TF32 (10 mantissa bits); a*b summed
@@ -47,15 +44,15 @@ struct __align__(64) TmaDesc {
     unsigned long long v[16];
 };
 
-// Workspace layout (floats), mirrored by wgmma.py: [SPLITK][M][N] split-K partials (when
-// SPLITK > 1), then A's big and small parts [2][M][Kp], then B's aligned copy [K][Np] (used only
+// Workspace layout (floats), mirrored by wgmma.py: [splits][M][N] split-K partials (when
+// SPLIT), then A's big and small parts [2][M][Kp], then B's aligned copy [K][Np] (used only
 // when B or ldb is not 16-byte aligned). Offsets are rounded up to 64 floats (256 bytes).
 __device__ __forceinline__ long long round64(long long x) { return (x + 63) / 64 * 64; }
-__device__ __forceinline__ long long ws_a_offset(int M, int N) {
-    return SPLITK > 1 ? round64((long long)SPLITK * M * N) : 0;
+__device__ __forceinline__ long long ws_a_offset(int M, int N, int splits) {
+    return SPLIT ? round64((long long)splits * M * N) : 0;
 }
-__device__ __forceinline__ long long ws_b_offset(int M, int N, int K) {
-    return ws_a_offset(M, N) + round64(2ll * M * ((K + 3) & ~3));
+__device__ __forceinline__ long long ws_b_offset(int M, int N, int K, int splits) {
+    return ws_a_offset(M, N, splits) + round64(2ll * M * ((K + 3) & ~3));
 }
 __device__ __forceinline__ bool b_tma_ready(const float* B, int ldb) { return aligned16(B) && (ldb & 3) == 0; }
 // ASPLIT = 1: where TMA can read A in place, the kernel splits it in shared memory (no pre-pass
@@ -84,7 +81,7 @@ __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const int Kp = (K + 3) & ~3;
     const long long quads = (long long)M * (Kp / 4);
-    float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N));
+    float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N, splits));
     float4* small = big + quads;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -102,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     }
     if (!b_tma_ready(B, ldb)) {
         const int Np = (N + 3) & ~3;
-        float* wb = workspace + ws_b_offset(M, N, K);
+        float* wb = workspace + ws_b_offset(M, N, K, splits);
         const long long total = (long long)K * Np;
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
             const int k = (int)(i / Np), n = (int)(i % Np);
@@ -167,10 +164,10 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
 
     const int tiles_m = DIV_UP(M, BM), tiles_n = DIV_UP(N, BN);
     int tile_m, tile_n;
-    tile_coords(tile_m, tile_n, tiles_m, tiles_n);
+    tile_coords(tile_m, tile_n, tiles_m, tiles_n, raster);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
     const int k_tiles_all = DIV_UP(K, BK);
-    const int per_split = DIV_UP(k_tiles_all, SPLITK);
+    const int per_split = DIV_UP(k_tiles_all, splits);
     const int kt_begin = blockIdx.z * per_split;
     const int k_tiles = max(0, min(k_tiles_all, kt_begin + per_split) - kt_begin);
 
@@ -317,7 +314,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
             const int n = n0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
             const int m = m0 + 8 * (j >> 2) + 2 * t + (j & 1);
             if (m < M && n < N) {
-#if SPLITK > 1
+#if SPLIT
                 workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
 #else
                 float* out = C + (size_t)m * ldc + n;

@@ -1,4 +1,6 @@
 """Rung 11: Hopper-native 3xTF32 — wgmma from TMA-fed shared memory, warp-specialized (sm_90a)."""
+import dataclasses
+
 from kernels.families.blocktile2d import RASTER
 from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
 
@@ -61,7 +63,7 @@ class Wgmma(Family):
         Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring"),
         # 1 also meets the accuracy bar but measured 20% slower and no more accurate (bench/NOTES.md).
         Param("FLUSH", (2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
-        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel"),
+        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
         RASTER,
         Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
                                 "memory by the consumers (1)"),
@@ -109,9 +111,10 @@ class Wgmma(Family):
                            offset=4 * ws_b_offset(c, m, n, k))
         b_map = TensorMap("b", dims=(n, k), box=(32, c["BK"]), fallback=b_copy)
         main = gemm_launches[0]
-        main = Launch(main.kernel, main.grid, main.block, main.shared_bytes, (a_maps, b_map))
+        main = dataclasses.replace(main, tensor_maps=(a_maps, b_map))
         work = max(m * kp // 4, k * np_)
-        pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), 1, 1), (PACK_THREADS, 1, 1), 0)
+        pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), 1, 1), (PACK_THREADS, 1, 1), 0,
+                      **self.launch_values(c))  # the pre-pass finds A's workspace slot past the partials
         return [pack, main, *gemm_launches[1:]]
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:

@@ -217,7 +217,7 @@ _PLANTED_SOURCE = r"""
 #endif
 extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
                              const float* B, int ldb, float beta, float* C, int ldc,
-                             float* workspace) {
+                             float* workspace, int splits, int raster) {
 #if MODE == 1
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         volatile float* nowhere = (volatile float*)(0x10);
@@ -239,7 +239,7 @@ extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, i
 }
 extern "C" __global__ void nothing(int M, int N, int K, float alpha, const float* A, int lda,
                                    const float* B, int ldb, float beta, float* C, int ldc,
-                                   float* workspace) {}
+                                   float* workspace, int splits, int raster) {}
 """
 
 PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP, PLANTED_COMPILE_ERROR = 0, 1, 2, 3

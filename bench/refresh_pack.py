@@ -1,0 +1,76 @@
+"""Re-measure a pack's configs under the installed kernel sources, on this host's GPU model.
+
+    python bench/refresh_pack.py --db URL [--pack FILE] [--gpu 0] [--out FILE]
+
+A pack records each best config with the source hash it was measured with; once a family's
+source changes, `gemmtune.matmul` skips those entries ("other version"). This stores the pack in
+the results database (when the database holds none of its runs yet), then, for every entry of
+this GPU's model tuned with another source version, runs the tuner's own command for that
+family and shape with one measured trial (`python -m tuner --trials 1`): its warm start puts
+the same shape's stored best, the pack's config, first. Run it on one host per GPU model
+against the same database, then `--out` writes the pack of everything installed that it holds.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import db  # noqa: E402
+import kernels  # noqa: E402
+from gemmtune.pack import build_pack, import_pack, read_pack, write_pack  # noqa: E402
+
+PACK = ROOT / "examples" / "pack-h100-h200.json"
+
+
+def gpu_model(index: int) -> str:
+    done = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=name", "--format=csv,noheader"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", required=True, metavar="URL", help="results database the re-measured runs go to")
+    ap.add_argument("--pack", type=Path, default=PACK, metavar="FILE", help=f"pack to refresh (default {PACK.name})")
+    ap.add_argument("--gpu", type=int, default=0, metavar="INDEX")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the refreshed pack here")
+    args = ap.parse_args(argv)
+    pack = read_pack(args.pack)
+    with db.open_database(args.db) as database:
+        if not any(r.sampler == "pack" for r in database.list_runs()):
+            print(f"stored {import_pack(pack, database, source=args.pack.name)} entries of {args.pack}")
+    model = gpu_model(args.gpu)
+    todo = [e for e in pack["entries"]
+            if e["gpu"] == model and kernels.get_family(e["family"]).source_hash != e["source_hash"]]
+    print(f"{model}: {len(todo)} entries to re-measure", flush=True)
+    for e in todo:
+        shape = f"{e['m']}x{e['n']}x{e['k']}"
+        command = [sys.executable, "-m", "tuner", "--gpu", str(args.gpu), "--db", args.db, "--kernel", e["family"],
+                   "--shape", shape, "--trials", "1"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
+            return done.returncode
+        installed = kernels.get_family(e["family"]).source_hash
+        with db.open_database(args.db) as database:
+            found = database.best(model, e["m"], e["n"], e["k"], family=e["family"], nearest=False,
+                                  source_hash=installed)
+        same = found is not None and {k: int(v) for k, v in found.params.items()} == e["config"]
+        print(f"{shape:>15} {e['family']:9} {'same config' if same else 'OTHER CONFIG'}  "
+              f"{e['gflops']:9.0f} → {found.gflops if found else 0:9.0f} GFLOP/s", flush=True)
+        if not same:
+            return 1  # the pack would name a config that was not measured as the pack's
+    if args.out:
+        with db.open_database(args.db) as database:
+            write_pack(build_pack(database), args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
