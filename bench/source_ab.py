@@ -18,7 +18,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ def items(pack_path: Path) -> list[dict[str, Any]]:
     return sorted(seen.values(), key=lambda i: (i["shape"], i["family"], sorted(i["config"].items())))
 
 
-def measure(tree: Path, todo: list[dict[str, Any]], gpu: int, cache: str) -> list[dict[str, Any]]:
+def measure(tree: Path, todo: list[dict[str, Any]], gpu: int) -> list[dict[str, Any]]:
     """In a child process whose imports come from ``tree``: each item measured once."""
     sys.path.insert(0, str(tree))
     import kernels
@@ -51,7 +50,7 @@ def measure(tree: Path, todo: list[dict[str, Any]], gpu: int, cache: str) -> lis
             cublas = bench.baseline()
         m, n, k = shape
         fam = kernels.get_family(item["family"])
-        cubin = kernels.compile_config(fam, item["config"], arch, cache_dir=cache).cubin
+        cubin = kernels.compile_config(fam, item["config"], arch).cubin  # the user's cache: keys differ per source
         r = bench.evaluate(cubin, fam.launches(item["config"], m, n, k), fam.workspace_bytes(item["config"], m, n, k),
                            fam.flops(m, n, k))
         out.append({**item, "state": r["state"], "gflops": r.get("gflops"), "sm_clock_mhz": r.get("sm_clock_mhz"),
@@ -70,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     todo = items(args.pack)
     if args.child is not None:
-        with tempfile.TemporaryDirectory() as cache:
-            print(json.dumps(measure(args.child, todo, args.gpu, cache)))
+        print(json.dumps(measure(args.child, todo, args.gpu)))
         return 0
     if not (args.before / "kernels" / "space.py").is_file():
         ap.error(f"--before {args.before}: not a checkout of this project (no kernels/space.py)")
