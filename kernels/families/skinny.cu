@@ -95,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes whole batches, so a batch never straddles two splits.
-    const int k_chunk = DIV_UP(DIV_UP(K, splits), UNROLL) * UNROLL;
+    const int k_chunk = DIV_UP(DIV_UP(K, SLICES), UNROLL) * UNROLL;
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     // This warp's batches: warp, warp + WK, warp + 2*WK, ... of the slice.

@@ -157,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes a whole number of BK slices.
-    const int k_chunk = DIV_UP(DIV_UP(K, splits), BK) * BK;
+    const int k_chunk = DIV_UP(DIV_UP(K, SLICES), BK) * BK;
     const int k_begin = blockIdx.z * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;

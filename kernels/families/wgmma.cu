@@ -167,7 +167,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
     tile_coords(tile_m, tile_n, tiles_m, tiles_n, raster);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
     const int k_tiles_all = DIV_UP(K, BK);
-    const int per_split = DIV_UP(k_tiles_all, splits);
+    const int per_split = DIV_UP(k_tiles_all, SLICES);
     const int kt_begin = blockIdx.z * per_split;
     const int k_tiles = max(0, min(k_tiles_all, kt_begin + per_split) - kt_begin);
 
