@@ -190,3 +190,15 @@ def test_kernel_signature_is_the_one_every_source_and_the_launcher_use():
     for param, ctype in zip(params, _PARAM_TYPES):
         assert (ctype is ctypes.c_void_p) == ("*" in param), param
     assert params[-2:] == ["int splits", "int raster"]
+
+
+def test_no_family_slices_k_more_than_the_reduction_unrolls():
+    import re
+
+    from kernels.space import FAMILY_DIR
+
+    most = int(re.search(r"#define MAX_SPLITS (\d+)", (FAMILY_DIR / "common.cuh").read_text()).group(1))
+    for name, fam in FAMILIES.items():
+        for p in fam.params:
+            if p.name == "SPLITK":
+                assert max(p.values) <= most, (name, p.values)
