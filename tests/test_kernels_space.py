@@ -192,13 +192,15 @@ def test_kernel_signature_is_the_one_every_source_and_the_launcher_use():
     assert params[-2:] == ["int splits", "int raster"]
 
 
-def test_no_family_slices_k_more_than_the_reduction_unrolls():
+def test_every_slice_count_offered_has_its_own_reduction_loop():
+    # gemm_splitk_reduce unrolls a constant-count loop per count it knows; any other count
+    # would still be right, through the slower runtime-bounded loop.
     import re
 
     from kernels.space import FAMILY_DIR
 
-    most = int(re.search(r"#define MAX_SPLITS (\d+)", (FAMILY_DIR / "common.cuh").read_text()).group(1))
+    known = {int(v) for v in re.findall(r"case (\d+): sum = sum_slices<\1>", (FAMILY_DIR / "common.cuh").read_text())}
     for name, fam in FAMILIES.items():
         for p in fam.params:
             if p.name == "SPLITK":
-                assert max(p.values) <= most, (name, p.values)
+                assert set(p.values) - {1} <= known, (name, p.values, known)

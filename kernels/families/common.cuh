@@ -13,7 +13,6 @@
 // SLICES is `splits` where the program slices K and a constant 1 where it does not, so that an
 // unsliced kernel's K loop compiles as it did with a constant (it measured ~2% faster so).
 #define SLICES (SPLIT ? splits : 1)
-#define MAX_SPLITS 32  // no family offers more slices of K (tests/test_kernels_space.py)
 
 // Block order: groups of `raster` tile-rows are walked column by column, so blocks that run at
 // the same time share A rows and B columns in L2. raster = 1 is plain row-major order (families
@@ -38,6 +37,15 @@ __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
+// The sum of S partials of one output, S a constant: its loads are unrolled (in flight together).
+template <int S>
+__device__ __forceinline__ float sum_slices(const float* __restrict__ w, long long mn, long long idx) {
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) sum += w[s * mn + idx];
+    return sum;
+}
+
 // Sums the `splits` partial products in workspace ([splits][M][N]) into C. Same signature as
 // every kernel so that one launcher serves all families.
 #if SPLIT
@@ -45,12 +53,18 @@ extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long mn = (long long)M * N;
     if (idx >= mn) return;
+    // One constant-count loop per count the families offer: a loop bounded at run time issued
+    // its loads one by one (splitk 1024^3, SPLITK 2: -2%; bench/NOTES.md, session 12).
     float sum = 0.0f;
-    // Unrolled to the largest count with a guard, so all `splits` loads are in flight at once,
-    // as when the count was a constant (a runtime-bounded loop cost splitk 1024^3 ~2%).
-#pragma unroll
-    for (int s = 0; s < MAX_SPLITS; ++s)
-        if (s < splits) sum += workspace[s * mn + idx];
+    switch (splits) {
+        case 2: sum = sum_slices<2>(workspace, mn, idx); break;
+        case 4: sum = sum_slices<4>(workspace, mn, idx); break;
+        case 8: sum = sum_slices<8>(workspace, mn, idx); break;
+        case 16: sum = sum_slices<16>(workspace, mn, idx); break;
+        case 32: sum = sum_slices<32>(workspace, mn, idx); break;
+        default:
+            for (int s = 0; s < splits; ++s) sum += workspace[s * mn + idx];
+    }
     const int row = (int)(idx / N), col = (int)(idx % N);
     float* c = C + (size_t)row * ldc + col;
     *c = epilogue(sum, alpha, beta, c);
