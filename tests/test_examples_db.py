@@ -102,3 +102,14 @@ def test_a_pack_without_gpu_records_is_refused_and_nothing_is_stored(tmp_path: P
     assert "no GPU record for" in done.stderr and "export it again" in done.stderr
     with db.open_database(url) as database:
         assert database.list_gpus() == [] and database.list_runs() == []
+
+
+def test_the_committed_pack_was_measured_with_the_installed_kernel_sources() -> None:
+    # A pack entry of another source version is skipped by gemmtune.matmul ("other version"):
+    # a change to a family's source (comments included) must come with the pack re-measured
+    # (bench/refresh_pack.py on each GPU model).
+    from kernels import get_family
+
+    stale = [(e["gpu"], e["family"], e["m"], e["n"], e["k"]) for e in json.loads(PACK.read_text())["entries"]
+             if get_family(e["family"]).source_hash != e["source_hash"]]
+    assert not stale, f"re-measure the pack (bench/refresh_pack.py): {stale}"

@@ -53,9 +53,8 @@ extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long mn = (long long)M * N;
     if (idx >= mn) return;
-    // One constant-count loop per count the families offer, as when the count was compiled in:
-    // a loop bounded at run time measured 2% slower (splitk 1024^3, SPLITK 2) and a guarded
-    // 32-way unroll 13% slower (bench/NOTES.md, session 12).
+    // One constant-count loop per count the families offer: a loop bounded at run time issued
+    // its loads one by one (splitk 1024^3, SPLITK 2: -2%; bench/NOTES.md, session 12).
     float sum = 0.0f;
     switch (splits) {
         case 2: sum = sum_slices<2>(workspace, mn, idx); break;
