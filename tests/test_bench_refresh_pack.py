@@ -1,0 +1,49 @@
+"""bench/refresh_pack.py end to end on the CPU stand-in: a pack entry measured with another
+source version comes back re-measured with the same config under the installed source."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels import get_family
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = "Stand-in GPU (analytic model)"
+
+
+def _pack(config: dict[str, int]) -> dict:
+    gpu = {"name": STANDIN, "uuid": "GPU-old-board", "compute_capability": "9.0", "sm_count": 132,
+           "memory_bytes": 1 << 30, "max_sm_clock_mhz": 1980, "driver_version": "580", "cuda_version": "13.0",
+           "nvrtc_version": "13.0"}
+    entry = {"gpu": STANDIN, "m": 96, "n": 80, "k": 72, "precision": "ffma", "family": "blocktile1d",
+             "source_hash": "0" * 64, "config": config, "gflops": 1.0, "time_median_ms": 1.0,
+             "cublas_gflops": 2.0, "fraction_of_cublas": 0.5, "run_id": 1, "trial_id": 1, "trial_number": 0,
+             "gpu_uuid": gpu["uuid"]}
+    return {"format": "gemmtune-pack", "version": 1, "created_at": "2026-11-24T00:00:00Z", "database": "x",
+            "precision": "fp32", "entries": [entry], "gpus": {gpu["uuid"]: gpu}}
+
+
+def test_an_entry_of_an_older_source_is_re_measured_with_its_own_config(tmp_path: Path) -> None:
+    family = get_family("blocktile1d")
+    config = family.sample_accepted(1, seed=11)[0]  # any accepted config, not the prior's first pick
+    pack = tmp_path / "old.json"
+    pack.write_text(json.dumps(_pack(config)))
+    smi = tmp_path / "bin" / "nvidia-smi"  # the host's GPU model, as the GPU host's nvidia-smi says it
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/sh\necho '{STANDIN}'\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}",
+           "GEMMTUNE_GPU_BACKEND": "tuner.testing", "GEMMTUNE_CACHE": str(tmp_path / "cubins")}
+    out = tmp_path / "new.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "refresh_pack.py"), "--db",
+                           f"sqlite:///{tmp_path / 'r.sqlite'}", "--pack", str(pack), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 entries to re-measure" in done.stdout and "same config" in done.stdout
+    (entry,) = json.loads(out.read_text())["entries"]
+    assert entry["config"] == config and entry["family"] == "blocktile1d"
+    assert entry["source_hash"] == family.source_hash and entry["gflops"] != 1.0
