@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         for side, tree in trees.items():
             done = subprocess.run([sys.executable, __file__, "--child", str(tree), "--pack", str(args.pack),
                                    "--gpu", str(args.gpu), "--before", str(args.before)],
-                                  capture_output=True, text=True, env={**env, "PYTHONPATH": _site(env)})
+                                  capture_output=True, text=True, env={**env, "PYTHONPATH": _site()})
             if done.returncode:
                 sys.stderr.write(done.stderr)
                 return done.returncode
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _site(env: dict[str, str]) -> str:
+def _site() -> str:
     """The installed dependencies' path without this tree's (the GPU host's wheelhouse target)."""
     return os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                            if p and Path(p).resolve() != ROOT)
