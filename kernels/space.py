@@ -164,9 +164,9 @@ class Family:
         tm, tn = self.tiles(c, m, n)
         blocks = div_up(m, tm) * div_up(n, tn)
         values = self.launch_values(c)
-        main = Launch(self.kernel_name, (blocks, 1, self.splits(c)), (self.threads(c), 1, 1), self.shared_bytes(c),
+        main = Launch(self.kernel_name, (blocks, 1, values["splits"]), (self.threads(c), 1, 1), self.shared_bytes(c),
                       **values)
-        if self.splits(c) == 1:
+        if values["splits"] == 1:
             return [main]
         reduce_threads = 256
         return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0,

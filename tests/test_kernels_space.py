@@ -1,5 +1,6 @@
 """Parameter spaces, constraints and launch geometry of every family (CPU only)."""
 import random
+import re
 
 import pytest
 
@@ -132,8 +133,6 @@ LAUNCH_TIME = {"RASTER", "SPLITK"}
 
 def _code(text: str) -> str:
     """CUDA text without its comments."""
-    import re
-
     return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
 
 
@@ -169,8 +168,6 @@ def test_launch_time_parameters_share_a_program_and_reach_every_launch(name):
 def test_no_launch_time_parameter_is_read_as_a_macro(name):
     # An undefined macro in `#if` reads as 0 without a word from the compiler: a source that still
     # tested SPLITK or RASTER would silently take one branch for every value.
-    import re
-
     code = _code(get_family(name).source)
     for p in LAUNCH_TIME:
         assert not re.search(rf"\b{p}\b", code), f"{name}'s source still names {p}"
@@ -178,7 +175,6 @@ def test_no_launch_time_parameter_is_read_as_a_macro(name):
 
 def test_kernel_signature_is_the_one_every_source_and_the_launcher_use():
     import ctypes
-    import re
 
     from kernels.runtime import _PARAM_TYPES
     from kernels.space import FAMILY_DIR, KERNEL_SIGNATURE
@@ -195,8 +191,6 @@ def test_kernel_signature_is_the_one_every_source_and_the_launcher_use():
 def test_every_slice_count_offered_has_its_own_reduction_loop():
     # gemm_splitk_reduce unrolls a constant-count loop per count it knows; any other count
     # would still be right, through the slower runtime-bounded loop.
-    import re
-
     from kernels.space import FAMILY_DIR
 
     known = {int(v) for v in re.findall(r"case (\d+): sum = sum_slices<\1>", (FAMILY_DIR / "common.cuh").read_text())}
