@@ -154,13 +154,18 @@ def test_three_workers_share_a_study_and_a_killed_workers_trial_is_retried(recor
 
         storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
         study = optuna.load_study(storage=storage, study_name=study_name(GPU, FAMILY, P))
-        # the killed claim went stale, was failed and queued again; a survivor measured it
-        [retried] = [t for t in study.get_trials(states=(TrialState.COMPLETE,))
-                     if "failed_trial" in t.system_attrs]
-        stale = study.trials[retried.system_attrs["failed_trial"]]
-        assert stale.state == TrialState.FAIL and retried.params == stale.params
-        assert space.config_from_params(family, retried.params) == killed_config
-        assert retried.user_attrs["state"] == "ok"
+        # the killed claim went stale, was failed and queued again; a survivor measured its
+        # config once: as the queued retry, or (a survivor's pull came between the failure and
+        # the queueing) as a claim with a lower id, the retry then dropped
+        [retry] = [t for t in study.trials if "failed_trial" in t.system_attrs]
+        stale = study.trials[retry.system_attrs["failed_trial"]]
+        assert stale.state == TrialState.FAIL and retry.params == stale.params
+        assert space.config_from_params(family, retry.params) == killed_config
+        [measured] = [t for t in study.get_trials(states=(TrialState.COMPLETE,))
+                      if t.params == retry.params and "duplicate_of" not in t.user_attrs]
+        assert measured.user_attrs["state"] == "ok"
+        assert measured.number == retry.number or (retry.state == TrialState.FAIL
+                                                   and measured.number < retry.number)
         assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
         storage.engine.dispose()
 
@@ -281,5 +286,116 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
         assert outcome.stop_reason == "trial budget" and len(measured) == budget
         assert measured[-1] == ghost_config, "the fifth slot was the ghost's: retried, not ours"
         assert len(_measured_trials(database)) == budget
+        storage.engine.dispose()
+        database.close()
+
+
+def _fleet_session(database: db.Database, storage, evaluator: StandInEvaluator):
+    from tuner.search.study import Session
+
+    return Session(database=database, evaluator=evaluator, storage=storage,
+                   gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())), gpu_name=GPU,
+                   progress=False, sampler="random", seed=3, claim_trials=True,
+                   heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+
+
+def _queue_retry(storage, study_id: int, params: dict, distributions: dict) -> int:
+    """A dead worker's claim, failed as stale, and its retry queued (as Optuna's
+    RetryHeartbeatStaleTrialCallback writes them); returns the retry's trial id."""
+    from tuner.search import fleet
+
+    dead = storage.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+        state=TrialState.FAIL, params=params, distributions=distributions,
+        system_attrs={fleet.WORKER_ATTR: "dead:1"}))
+    return storage.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+        state=TrialState.WAITING, params=params, distributions=distributions,
+        system_attrs={"failed_trial": dead}))
+
+
+@needs_pg
+def test_a_claim_made_after_a_queued_retry_of_its_config_backs_off(tmp_path, monkeypatch):
+    """Of all open trials of one config the lowest id is measured: a claim made while a dead
+    worker's retry of the same config was being queued (the claimer's pull came between the
+    stale claim's failure and its retry) backs off, and the retry is measured, once. (When the
+    claim went on, another worker took the retry as well: 31 measurements of 30 in CI.)"""
+    from tuner.search import fleet
+    from tuner.search.study import Budget, run_study
+
+    budget = 5
+    claim = fleet.SharedStudy.claim
+    claims: list[dict] = []
+    retries: list[int] = []
+
+    def claim_behind_a_retry(self, params, distributions):
+        claims.append(params)
+        if len(claims) == 3:
+            retries.append(_queue_retry(self.storage, self.study_id, params, distributions))
+        return claim(self, params, distributions)
+
+    monkeypatch.setattr(fleet.SharedStudy, "claim", claim_behind_a_retry)
+    with scratch_url("postgresql", tmp_path) as url:
+        database = db.open_database(url)
+        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-retry")
+        outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
+                            Budget(trials=budget, timeout_s=60, patience=None))
+        measured = [config for _, config, _ in evaluator.calls]
+        contested = space.config_from_params(FAMILY, claims[2])
+        assert retries and outcome.stop_reason == "trial budget"
+        assert len(measured) == budget and measured.count(contested) == 1
+        study = optuna.load_study(storage=storage, study_name=study_name(GPU, FAMILY, P))
+        [done] = [t for t in study.get_trials(states=(TrialState.COMPLETE,))
+                  if t.params == claims[2] and "duplicate_of" not in t.user_attrs]
+        assert done._trial_id == retries[0], "the retry (the lower id) was measured, not the claim"
+        assert len(_measured_trials(database)) == budget
+        storage.engine.dispose()
+        database.close()
+
+
+@needs_pg
+def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp_path):
+    """The other order: another worker claimed the config before its retry was queued (a lower
+    id), so whoever takes the retry drops it and waits for that worker's result."""
+    import threading
+
+    from tuner.search import fleet
+    from tuner.search.study import Budget, run_study
+
+    contested = _accepted(FAMILY)[0]
+    with scratch_url("postgresql", tmp_path) as url:
+        database = db.open_database(url)
+        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        study = optuna.create_study(storage=storage, direction="maximize",
+                                    study_name=study_name(GPU, FAMILY, P))
+        params = space.params_from_config(FAMILY, contested)
+        distributions = space.distributions(FAMILY)
+        other = storage.create_new_trial(study._study_id, template_trial=optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions=distributions,
+            system_attrs={fleet.WORKER_ATTR: "other:1"}))
+        retry = _queue_retry(storage, study._study_id, params, distributions)
+        stop = threading.Event()
+
+        def other_worker() -> None:  # alive: beats, then finishes its measurement
+            for _ in range(int(2.0 / 0.2)):
+                storage.record_heartbeat(other)
+                if stop.wait(0.2):
+                    return
+            storage.set_trial_user_attr(other, "state", "ok")
+            storage.set_trial_state_values(other, TrialState.COMPLETE, [1.0])
+
+        thread = threading.Thread(target=other_worker)
+        thread.start()
+        try:
+            evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-dropped")
+            outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
+                                Budget(trials=5, timeout_s=60, patience=None))
+        finally:
+            stop.set()
+            thread.join()
+        measured = [config for _, config, _ in evaluator.calls]
+        assert contested not in measured, "measured while another worker's claim held it"
+        assert outcome.stop_reason == "trial budget" and len(measured) == 4
+        assert storage.get_trial(retry).state == TrialState.FAIL
+        assert storage.get_trial(other).state == TrialState.COMPLETE
         storage.engine.dispose()
         database.close()

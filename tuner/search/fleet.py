@@ -147,11 +147,14 @@ class SharedStudy:
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
 
     def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
-        """Whether another worker holds a claim on the same config with a lower trial id.
-        Ids are handed out in commit order, so of two racing claims the later one sees the
-        earlier after its pull, and backs off: exactly one of them measures."""
-        return any(t.state == TrialState.RUNNING and i < trial_id and self.key_of(t) == key
-                   for i, t in self.others_open.items())
+        """Whether another open trial of the same config has a lower trial id: a claim, or a
+        dead worker's queued retry (WAITING, which its taker turns into a claim under the same
+        id). Of all open trials of one config, the lowest id is measured and the others back
+        off. Ids are handed out in commit order, so of two racing trials the later one sees the
+        earlier after its pull: exactly one of them measures. (Counting only claims, a claim
+        made while a stale claim's retry was being queued and the retry's taker both measured
+        the config: 31 measurements of a budget of 30 in CI.)"""
+        return any(i < trial_id and self.key_of(t) == key for i, t in self.others_open.items())
 
     def take_waiting(self, trial: FrozenTrial) -> bool:
         """Take a queued retry (WAITING → RUNNING, atomic in the storage); False: someone

@@ -573,7 +573,9 @@ class _StudyRun:
             if not self.shared.take_waiting(waiting):
                 continue
             key = self._key_of(waiting)
-            if key in self.known or any(item.key == key for item in self._held()):
+            self._pull()  # a claim of the same config made while the retry was being queued
+            if (key in self.known or any(item.key == key for item in self._held())
+                    or self.shared.claimed_before(key, waiting._trial_id)):
                 self.shared.release(waiting._trial_id, requeue=False)  # answered meanwhile
                 continue
             self.study.enqueue_trial(space.params_from_config(self.family, dict(key)),
