@@ -188,8 +188,7 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
-    studies run family after family, shape after shape, so loop i is families[i % len]. (A study
-    opens and asks while the one before drains: its first answers can fall in that one's row.)"""
+    studies run family after family, shape after shape, so loop i is families[i % len]."""
     rows = []
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):

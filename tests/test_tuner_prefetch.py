@@ -120,7 +120,7 @@ def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch
         started.append(len(_pool_workers()))  # the next study's start-up is being prepared
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_session, "StudyRun", interrupted)
+    monkeypatch.setattr(run_session, "run_study", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
                              Budget(trials=2, timeout_s=None, patience=None))

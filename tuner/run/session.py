@@ -6,13 +6,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tuner.measure.evaluator import Baseline
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import Budget, Session, StudyOutcome, StudyRun
+from tuner.search.study import Budget, Session, StudyOutcome, run_study
 
 log = logging.getLogger(__name__)
 
@@ -69,32 +69,6 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     return baseline
 
 
-def _run(session: Session, study: StudyRun, next_study: Callable[[], StudyRun | None]
-         ) -> tuple[StudyOutcome, StudyRun | None]:
-    """Run one study; returns its outcome and the next study. Where the session hands over,
-    the next one is opened while this one drains its last candidates, and fed meanwhile."""
-    successor: StudyRun | None = None
-
-    def hand_over() -> StudyRun | None:
-        nonlocal successor
-        candidate = next_study()
-        if candidate is not None:
-            candidate.open()
-        successor = candidate
-        return successor
-
-    try:
-        outcome = study.run(hand_over if session.hand_over else None)
-    except BaseException:
-        if successor is not None:  # opened, never run: its run ends too, its claims let go
-            try:
-                successor.abandon()
-            except Exception:  # noqa: BLE001  the first error is the one to raise
-                log.exception("ending the next study %s failed", successor.name)
-        raise
-    return outcome, successor if successor is not None else next_study()
-
-
 def tune_all(
     session: Session,
     families: list[Any],
@@ -129,28 +103,18 @@ def tune_all(
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
                 summary.baselines[problem] = baseline
-            upcoming = list(families)
-
-            def next_study() -> StudyRun | None:
-                """The shape's next study, its time share taken from what is left now."""
-                nonlocal left_to_run
-                if not upcoming or session.stop.requested:
-                    return None
-                family = upcoming.pop(0)
+            for family in families:
+                if session.stop.requested:
+                    break
                 study_budget = budget
                 if total_seconds is not None:
                     left = total_seconds - (time.monotonic() - started)
                     study_budget = dataclasses.replace(
                         budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
-                left_to_run -= 1
-                return StudyRun(session, family, problem, study_budget,
-                                None if baseline is None else baseline.gflops,
-                                prefetch.take(family, problem))
-
-            study = next_study()
-            while study is not None:
-                family = study.family
-                outcome, study = _run(session, study, next_study)
+                startup = prefetch.take(family, problem)
+                outcome = run_study(session, family, problem, study_budget,
+                                    None if baseline is None else baseline.gflops, startup)
                 summary.outcomes.append((problem, family, outcome))
+                left_to_run -= 1
     summary.interrupted = session.stop.requested
     return summary

@@ -81,7 +81,6 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         phases=getattr(evaluator, "phases", None) or Phases(),
         # a live evaluator (it has a compile pool): a GPU waits while a study starts up
         prefetch_startup=hasattr(evaluator, "pool"),
-        hand_over=hasattr(evaluator, "submit"),
     )
 
 

@@ -109,10 +109,6 @@ class Session:
     # tune_all prepares the next study's start-up in a child process while one runs
     # (tuner.search.prefetch); off where no GPU waits (replay, tests' fakes)
     prefetch_startup: bool = False
-    # tune_all opens the next study of a shape while one drains its last candidates, so the
-    # GPU child gets its first ones without a gap (StudyRun.run's hand_over); off where the
-    # evaluator measures synchronously (replay, tests' fakes): nothing to overlap there
-    hand_over: bool = False
 
 
 @dataclass
@@ -248,7 +244,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
                     batch: int, seed: int | None, prior_compiles: int,
                     cache_dir: str | None) -> Startup:
     """A registered family's start-up inputs with the prior's compiles (NVRTC, CUBIN cache):
-    what ``StudyRun`` computes itself when it was not prepared ahead."""
+    what ``_StudyRun`` computes itself when it was not prepared ahead."""
     started = time.perf_counter()
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir)
@@ -279,20 +275,14 @@ class _Tally:
             self.best, self.best_config, self.since_best = result, dict(config), 0
 
 
-# Called by a run when it asks for no more candidates: the next study, opened, or None.
-HandOver = Callable[[], "StudyRun | None"]
-
-
-class StudyRun:
+class _StudyRun:
     """One run of one study. The study lives in the Optuna storage; the search runs on an
     in-memory copy and writes each finished trial back in one transaction, on a writer thread
     (tuner.search.writer) while the loop goes on, in trial order. (Asking and telling
     through an RDB storage costs a commit per parameter and attribute, a quarter second per
     trial on a slow disk, and trials in flight when the process dies never reach the storage.)
     Before each ask it pulls what other workers stored since (tuner.search.fleet); with claims on, a
-    candidate is stored as RUNNING before it is measured and finished in place. Consecutive
-    runs of one command overlap: the next one opens and feeds the GPU while this one drains
-    (``run``'s ``hand_over``)."""
+    candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
                  baseline_gflops: float | None, startup: Startup | None = None) -> None:
@@ -363,8 +353,6 @@ class StudyRun:
         self.run_id = 0
         self.next_pull = 0.0
         self.writer = StoreWriter(background=session.background_store)
-        self.heartbeat: Heartbeat | None = None  # running from open() to _close()
-        self.successor: StudyRun | None = None  # the next study, fed while this one drains
 
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
         """Every accepted config (positions), grouped by geometry; [] where there are no groups
@@ -698,36 +686,32 @@ class StudyRun:
             return "search space exhausted"
         return None
 
-    def _submit_ready(self, wait: bool = True) -> None:
+    def _submit_ready(self) -> None:
         """Hand window candidates to the evaluator while its queue has room: it measures the
-        next one while this thread records, tells and asks (issue 19). ``wait=False``: only
-        those compiled already."""
+        next one while this thread records, tells and asks (issue 19)."""
         for item in [item for item in self.pending if item.alias and item.key in self.known]:
             self.pending.remove(item)  # the same config as an earlier one, measured by now
             self._tell_duplicate(item.trial, self.known[item.key])
-        while (len(self.submitted) < self.depth
-               and (item := self._next_compiled(wait)) is not None):
+        while len(self.submitted) < self.depth and (item := self._next_compiled()) is not None:
             self.pending.remove(item)
             started_at = datetime.now(timezone.utc)
             ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
             self.submitted.append(_Submitted(item, ticket, started_at))
 
-    def _next_compiled(self, wait: bool = True) -> _Pending | None:
+    def _next_compiled(self) -> _Pending | None:
         """The first window candidate whose compile is done, so a slow compile at the head does
-        not hold back those behind it (compile times of one family differ tenfold); else
-        (``wait``) the head, to wait for. Aliases wait for their earlier candidate's result."""
+        not hold back those behind it (compile times of one family differ tenfold); else the
+        head, to wait for. Aliases wait for their earlier candidate's result."""
         ready = getattr(self.session.evaluator, "ready", None)
         candidates = [item for item in self.pending if not item.alias]
         if ready is not None:
             for item in candidates:
                 if ready(self.family, item.config):
                     return item
-        return candidates[0] if candidates and wait else None
+        return candidates[0] if candidates else None
 
     def _measure_next(self, submit_more: bool = True) -> Measurement | None:
         """Record the oldest submitted candidate's measurement (waiting for it)."""
-        if self.successor is not None:
-            self.successor.feed()  # its compiled candidates queue behind ours, not after a wait
         if submit_more:
             self._submit_ready()
         if not self.submitted:
@@ -752,42 +736,20 @@ class StudyRun:
             postfix["cuBLAS"] = f"{best.value / self.baseline_gflops:.2f}"
         bar.set_postfix(postfix, refresh=False)
 
-    def _loop(self, bar: tqdm, hand_over: HandOver | None) -> str:
+    def _loop(self, deadline: float | None, bar: tqdm) -> str:
         """Ask and measure until a stop rule holds; returns the reason."""
         self.session.evaluator.set_problem(self.problem)
-        budget = self.budget
-        self.loop_started = time.monotonic()  # (the time limit runs from here, fed or not)
-        self.deadline = None if budget.timeout_s is None else self.loop_started + budget.timeout_s
+        self.deadline, self.loop_started = deadline, time.monotonic()
         with self.phases.loop():
-            reason = self._search(bar, hand_over)
-            if hand_over is not None and self.successor is None:
-                self.successor = hand_over()
+            reason = self._search(deadline, bar)
             while self.submitted:  # measured or being measured: record, whatever the reason
                 self._measure_next(submit_more=False)
             self._flush()  # everything measured is stored (and numbered) before the outcome
         return reason
 
-    def _asking_done(self) -> bool:
-        """Whether this run will ask for no more candidates: those it holds fill its trial
-        budget, or all its time limit leaves room for (the window's last stretch)."""
-        if self._budget_taken(len(self._others_holding())) >= self.budget.trials:
-            return True
-        room = self._time_room()
-        return room < self.session.batch and self._in_flight() >= room
-
-    def _search(self, bar: tqdm, hand_over: HandOver | None) -> str:
-        deadline = self.deadline
+    def _search(self, deadline: float | None, bar: tqdm) -> str:
         while (reason := self._stop_reason(deadline)) is None:
             self._fill_window()
-            if (hand_over is not None and self.successor is None and not self.pending
-                    and self._asking_done()):
-                # All we still hold is with the GPU child: the next study opens and asks now,
-                # and its first candidates (the prior's, compiled ahead) queue behind our last
-                # ones instead of after our tail (issue 19). Not earlier: its compiles would
-                # take the cores from ours (fresh 2048^3 on the H100, handing over at the
-                # window's last stretch: 11.6-19.4 s of idle GPU inside studies, from 7.7 s).
-                self.successor = hand_over()
-                hand_over = None
             if self.pending or self.submitted:
                 self._measure_next()
             elif self._others_holding() and heartbeats_on(self.session.storage):
@@ -814,11 +776,7 @@ class StudyRun:
         except db.InvalidInputError as error:  # marked interrupted as stale meanwhile
             log.warning("%s", error)
 
-    def open(self) -> None:
-        """Begin the run: its record in the results database and its heartbeats. ``run`` calls
-        it, or the study before it does, to hand over (``feed``) while it drains."""
-        if self.heartbeat is not None:
-            return
+    def run(self) -> StudyOutcome:
         session, problem, budget = self.session, self.problem, self.budget
         problem_id = session.database.ensure_problem(
             problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
@@ -833,35 +791,45 @@ class StudyRun:
             sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
             host=session.host, command=session.command, study_name=self.name,
         )
-        self.heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
-        self.heartbeat.__enter__()
-
-    def feed(self) -> None:
-        """While the study before drains its last candidates: ask for this run's first ones and
-        hand the evaluator those compiled already, without waiting for a compile."""
-        self._fill_window()
-        self._submit_ready(wait=False)
-
-    def run(self, hand_over: HandOver | None = None) -> StudyOutcome:
-        """Measure until a stop rule holds. ``hand_over``: called once, when this run asks for
-        no more candidates; returns the next study, opened, which this run feeds while it
-        drains (or None)."""
-        session, problem, budget = self.session, self.problem, self.budget
-        self.open()
+        deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
         run_state, stop_reason = "failed", "error"
         bar = tqdm(total=budget.trials, initial=min(self.tally.measured, budget.trials),
                    unit="trial", desc=f"{self.family.name} {problem.shape}",
                    disable=not session.progress, leave=True, dynamic_ncols=True)
         self._show_best(bar)
+        heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
         try:
-            stop_reason = self._loop(bar, hand_over)
+            with heartbeat:
+                stop_reason = self._loop(deadline, bar)
             run_state = "interrupted" if stop_reason == "interrupted" else "finished"
         except KeyboardInterrupt:
             run_state, stop_reason = "interrupted", "interrupted"
             raise
         finally:
+            # whatever stopped the run, what it measured is written before it ends
+            with self.phases.timed(STORE):
+                write_error = self.writer.close()
+            self._count_background()
+            if write_error is not None:
+                run_state, stop_reason = "failed", "error"
+            # asked but never recorded (an error or a second Ctrl-C left the evaluator's queue
+            # behind: it reads those answers before its next request): not a result, let go
+            for item in self._held():
+                self.study.tell(item.trial, state=TrialState.FAIL)
+                if item.claim is not None and not item.alias:
+                    self.shared.release(item.claim, requeue=item.retry)
+            discard = getattr(session.evaluator, "discard", None)
+            for item in self.pending:  # asked, compiling, never handed over
+                if discard is not None and not item.alias:
+                    discard(self.family, item.config)
+            self.pending.clear()
+            self.submitted.clear()
             bar.close()
-            run_state, stop_reason = self._close(run_state, stop_reason)
+            self._finish_run(run_state)
+            log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
+                     self.measured_now, stop_reason)
+        if write_error is not None:  # (flushes raise it first; this is the last resort)
+            raise write_error
         best = self.tally.best
         return StudyOutcome(
             study_name=self.name, run_id=self.run_id, run_state=run_state,
@@ -870,41 +838,6 @@ class StudyRun:
             best_gflops=None if best is None else best.value,
             best_number=None if best is None else best.number,
         )
-
-    def abandon(self) -> None:
-        """End an opened run that will not be run (the study before it failed): what it
-        measured is stored, its claims let go, the run marked interrupted."""
-        self._close("interrupted", "the study before it stopped")
-
-    def _close(self, run_state: str, stop_reason: str) -> tuple[str, str]:
-        """Whatever stopped the run, what it measured is written before it ends; raises the
-        writer's error, if any, after the clean-up."""
-        session = self.session
-        if self.heartbeat is not None:
-            self.heartbeat.__exit__(None, None, None)
-        with self.phases.timed(STORE):
-            write_error = self.writer.close()
-        self._count_background()
-        if write_error is not None:
-            run_state, stop_reason = "failed", "error"
-        # asked but never recorded (an error or a second Ctrl-C left the evaluator's queue
-        # behind: it reads those answers before its next request): not a result, let go
-        for item in self._held():
-            self.study.tell(item.trial, state=TrialState.FAIL)
-            if item.claim is not None and not item.alias:
-                self.shared.release(item.claim, requeue=item.retry)
-        discard = getattr(session.evaluator, "discard", None)
-        for item in self.pending:  # asked, compiling, never handed over
-            if discard is not None and not item.alias:
-                discard(self.family, item.config)
-        self.pending.clear()
-        self.submitted.clear()
-        self._finish_run(run_state)
-        log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
-                 self.measured_now, stop_reason)
-        if write_error is not None:  # (flushes raise it first; this is the last resort)
-            raise write_error
-        return run_state, stop_reason
 
 
 def run_study(
@@ -917,7 +850,7 @@ def run_study(
 ) -> StudyOutcome:
     """Runs (or resumes) the study of ``family`` on ``problem`` until a stop rule holds.
     ``startup``: its start-up inputs where prepared ahead (``StartupPrefetch``)."""
-    return StudyRun(session, family, problem, budget, baseline_gflops, startup).run()
+    return _StudyRun(session, family, problem, budget, baseline_gflops, startup).run()
 
 
 def _record_fields(measurement: Measurement) -> dict[str, Any]:
