@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 import kernels
 
 from tuner.problem import Problem
-from tuner.search.costmodel import CostModel, Example, matrix
+from tuner.search.costmodel import FEATURES, CostModel, Example, matrix
 from tuner.search.prior import Target
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,11 @@ REFIT_GROWTH = 1.25  # refit when the study's measurements grew by a quarter (an
 EPSILON = 0.1  # share of asks that take a uniform accepted config
 STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitted
 MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``)
+# Configs of one geometry group (same block tile, threads, split) in flight at once, at most,
+# while another group has an unseen config: as the prior's start-up (prior.PER_GROUP).
+PENDING_PER_GROUP = 3
+GROUP_FEATURES = ("log2_tile_rows", "log2_tile_cols", "log2_threads", "log2_splits",
+                  "shared_kib")
 
 Unit = tuple[str, str, str]  # (GPU model, family, shape): CostModel's Example.unit
 HeldOut = Callable[[Unit], bool]  # units that must not reach a fit
@@ -154,6 +159,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.offline.add_examples(learned.examples)
         self.names = list(self.varying)
         self.index = {_key(p, self.names): i for i, p in enumerate(learned.configs)}
+        # each accepted config's geometry group (prior.Geometry.key: block tile, threads, split,
+        # shared memory), for spreading the asks made before their results come back
+        columns = [FEATURES.index(name) for name in GROUP_FEATURES]
+        _, self.group = np.unique(learned.x[:, columns], axis=0, return_inverse=True)
+        self.group = self.group.reshape(-1)
         self.scores: np.ndarray | None = None
         self.fitted_on = -1  # own measurements in the last fit (-1: none yet)
         self.fits = 0
@@ -188,8 +198,27 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._refit(measured)
         if self.rng.random() < EPSILON or self.scores is None:
             return self._params(self.rng.choice(unseen), names)
-        best = max(unseen, key=lambda i: self.scores[i])  # type: ignore[index]
-        return self._params(best, names)
+        return self._params(self._spread_best(unseen, running, names), names)
+
+    def _spread_best(self, unseen: Sequence[int], running: Sequence[FrozenTrial],
+                     names: Sequence[str]) -> int:
+        """The best-predicted unseen config whose geometry group holds fewer than
+        ``PENDING_PER_GROUP`` configs still waiting for their result (else the best): with a
+        window of candidates in flight, a model wrong about one geometry would otherwise fill
+        the whole window with it before its first result could say so."""
+        scores = self.scores
+        assert scores is not None
+        waiting: dict[int, int] = {}
+        for t in running:
+            i = (self.index.get(_key(t.params, self.names))
+                 if set(self.names) <= t.params.keys() else None)
+            if i is not None:
+                waiting[int(self.group[i])] = waiting.get(int(self.group[i]), 0) + 1
+        order = sorted(unseen, key=lambda i: -scores[i])
+        for i in order:
+            if waiting.get(int(self.group[i]), 0) < PENDING_PER_GROUP:
+                return i
+        return order[0]
 
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}
