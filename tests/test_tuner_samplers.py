@@ -11,7 +11,6 @@ from pathlib import Path
 import kernels
 import optuna
 import pytest
-from optuna.trial import TrialState
 
 from tuner.measure.replay import ReplayEvaluator
 from tuner.problem import config_key

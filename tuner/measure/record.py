@@ -26,7 +26,6 @@ import random
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import kernels
