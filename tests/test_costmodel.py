@@ -216,3 +216,48 @@ def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewh
     others = LearnedSpace.build(family, accepted, positions, problem, H100,
                                 [e for e in examples if e.family != "tf32x3"])
     assert model_picks(others, "tf32x3", 3, seed=0) == []
+
+
+def _first_window_groups(tmp_path: Path, recordings, name: str) -> list[int]:
+    """A replayed model-sampler study of warptile with 17 candidates in flight (the H100 host's
+    window), learning from the other recordings: how many of the first window's configs fall
+    in each geometry group, largest first."""
+    from collections import Counter
+
+    from tuner.search.learned import problem_held_out
+    from tuner.search.prior import geometry
+
+    recording = next(r for r in recordings if ("warptile", Problem(1024, 1024, 1024)) in r.pairs())
+    problem = Problem(1024, 1024, 1024)
+    gpu = str(recording.gpu["name"])
+    database = db.open_database(f"sqlite:///{tmp_path / name}")
+    replay = ReplayEvaluator(recording)
+    session = Session(database=database, evaluator=replay,
+                      storage=optuna.storages.InMemoryStorage(),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**replay.info())), gpu_name=gpu,
+                      sampler="model", seed=0, batch=17, warm_start=False, progress=False,
+                      training=examples_from_recordings(
+                          recordings, problem_held_out(gpu, problem.shape)))
+    family = replay.family(kernels.get_family("warptile"))
+    outcome = run_study(session, family, problem, Budget(trials=17, timeout_s=None,
+                                                         patience=None))
+    first = [t.params for t in database.run_history(outcome.run_id) if t.state != "rejected"]
+    database.close()
+    assert len(first) == 17
+    groups = Counter(geometry(family, c, problem.m, problem.n, problem.k).key() for c in first)
+    return sorted(groups.values(), reverse=True)
+
+
+def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, recordings,
+                                                                 monkeypatch):
+    """Asked 17 times before any result, the model sampler keeps at most PENDING_PER_GROUP
+    configs of one geometry group waiting (a model wrong about one geometry would otherwise
+    spend the whole window on it); without the rule its top 17 crowd fewer groups."""
+    from tuner.search import learned
+
+    per_group = learned.PENDING_PER_GROUP
+    spread = _first_window_groups(tmp_path, recordings, "spread.sqlite")
+    assert max(spread) <= per_group and len(spread) >= 17 // per_group, spread
+    monkeypatch.setattr(learned, "PENDING_PER_GROUP", 17)  # the rule off
+    crowded = _first_window_groups(tmp_path, recordings, "crowded.sqlite")
+    assert max(crowded) > per_group, crowded

@@ -7,7 +7,9 @@ leave-one-out split lives) — and, as the study goes on, on the study's own mea
 weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples, and
 refitted as they grow
 (``REFIT_GROWTH``). Each ask takes the unmeasured accepted config with the highest
-prediction; one ask in ``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
+prediction whose geometry group holds fewer than ``PENDING_PER_GROUP`` configs still waiting
+for their result (a window of candidates in flight is spread over geometries); one ask in
+``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
 about a region would otherwise never be corrected there), as TVM MetaSchedule's
 epsilon-greedy search does. With nothing of the family to learn from yet (a fresh database, or
 examples of other families only), the start-up is the static prior's (``SearchSpace.startup``):
