@@ -33,6 +33,17 @@ def gpu_model(index: int) -> str:
     return done.stdout.strip()
 
 
+def pack_imported(database: db.Database) -> bool:
+    """Whether the database holds any pack's runs (sampler "pack"), among all its runs: the
+    H200 half of a refresh reuses the database the H100 half imported the pack into."""
+    offset = 0
+    while runs := database.list_runs(offset=offset, limit=100):
+        if any(r.sampler == "pack" for r in runs):
+            return True
+        offset += len(runs)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True, metavar="URL", help="results database the re-measured runs go to")
@@ -42,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pack = read_pack(args.pack)
     with db.open_database(args.db) as database:
-        if not any(r.sampler == "pack" for r in database.list_runs()):
+        if not pack_imported(database):
             print(f"stored {import_pack(pack, database, source=args.pack.name)} entries of {args.pack}")
     model = gpu_model(args.gpu)
     todo = [e for e in pack["entries"]

@@ -47,3 +47,26 @@ def test_an_entry_of_an_older_source_is_re_measured_with_its_own_config(tmp_path
     (entry,) = json.loads(out.read_text())["entries"]
     assert entry["config"] == config and entry["family"] == "blocktile1d"
     assert entry["source_hash"] == family.source_hash and entry["gflops"] != 1.0
+
+
+def test_an_imported_pack_is_found_behind_more_than_a_page_of_runs(tmp_path: Path) -> None:
+    """The H200 half of a refresh reuses the H100 half's database: the pack is not imported a
+    second time however many tuner runs came after it (list_runs pages by 100)."""
+    import db
+    from bench_support import bench_module
+    from gemmtune.pack import import_pack
+
+    refresh = bench_module("refresh_pack")
+    with db.open_database(f"sqlite:///{tmp_path / 'results.sqlite'}") as database:
+        assert not refresh.pack_imported(database)
+        pack = _pack(get_family("blocktile1d").sample_accepted(1, seed=11)[0])
+        import_pack(pack, database, source="old.json")
+        gpu_id = database.ensure_gpu(db.GpuInfo(**pack["gpus"]["GPU-old-board"]))
+        problem_id = database.ensure_problem(96, 80, 72)
+        family_id = database.ensure_family("blocktile1d", get_family("blocktile1d").source_hash)
+        for _ in range(101):
+            database.start_run(gpu_id=gpu_id, problem_id=problem_id, family_id=family_id,
+                               sampler="default", seed=0, budget={}, host="test",
+                               command="python -m tuner", study_name=None)
+        assert all(r.sampler != "pack" for r in database.list_runs())  # the first page
+        assert refresh.pack_imported(database)
