@@ -246,7 +246,7 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
     measured 81 of 80). Here the other worker is a claim written into the storage just ahead of
     this worker's fifth; it never finishes, goes stale and is measured as a retry."""
     from tuner.search import fleet
-    from tuner.search.study import Budget, Session, run_study
+    from tuner.search.study import Budget, run_study
 
     budget = 5
     # The ghost claims a config this worker has not claimed: claiming workers seed their
@@ -274,13 +274,8 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
         database = db.open_database(url)
         storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
         evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-ghost")
-        info = evaluator.info()
-        session = Session(database=database, evaluator=evaluator, storage=storage,
-                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=GPU,
-                          progress=False, sampler="random", seed=3, claim_trials=True,
-                          heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
-        outcome = run_study(session, FAMILY, P, Budget(trials=budget, timeout_s=60,
-                                                       patience=None))
+        outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
+                            Budget(trials=budget, timeout_s=60, patience=None))
         measured = [config for _, config, _ in evaluator.calls]
         assert ghosts, "the ghost claim was written"
         assert outcome.stop_reason == "trial budget" and len(measured) == budget

@@ -200,27 +200,25 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._refit(measured)
         if self.rng.random() < EPSILON or self.scores is None:
             return self._params(self.rng.choice(unseen), names)
-        return self._params(self._spread_best(unseen, running, names), names)
+        return self._params(self._spread_best(unseen, running), names)
 
-    def _spread_best(self, unseen: Sequence[int], running: Sequence[FrozenTrial],
-                     names: Sequence[str]) -> int:
+    def _spread_best(self, unseen: Sequence[int], running: Sequence[FrozenTrial]) -> int:
         """The best-predicted unseen config whose geometry group holds fewer than
         ``PENDING_PER_GROUP`` configs still waiting for their result (else the best): with a
         window of candidates in flight, a model wrong about one geometry would otherwise fill
         the whole window with it before its first result could say so."""
-        scores = self.scores
-        assert scores is not None
-        waiting: dict[int, int] = {}
-        for t in running:
-            i = (self.index.get(_key(t.params, self.names))
-                 if set(self.names) <= t.params.keys() else None)
-            if i is not None:
-                waiting[int(self.group[i])] = waiting.get(int(self.group[i]), 0) + 1
-        order = sorted(unseen, key=lambda i: -scores[i])
-        for i in order:
-            if waiting.get(int(self.group[i]), 0) < PENDING_PER_GROUP:
-                return i
-        return order[0]
+        assert self.scores is not None
+        rows = [self.index.get(_key(t.params, self.names)) for t in running
+                if set(self.names) <= t.params.keys()]
+        groups, waiting = np.unique(self.group[[r for r in rows if r is not None]],
+                                    return_counts=True)
+        full = groups[waiting >= PENDING_PER_GROUP]
+        candidates = np.asarray(unseen)
+        scores = self.scores[candidates]
+        open_ = ~np.isin(self.group[candidates], full)
+        if open_.any():  # argmax takes the first of equal scores, as max() over the list did
+            scores = np.where(open_, scores, -np.inf)
+        return int(candidates[int(np.argmax(scores))])
 
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}
