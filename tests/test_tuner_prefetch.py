@@ -116,11 +116,15 @@ def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch
     session = _session(_Evaluator(), tmp_path / "cubins", prefetch_startup=True)
     started: list[int] = []
 
-    def interrupted(*args: Any) -> None:
-        started.append(len(_pool_workers()))  # the next study's start-up is being prepared
-        raise KeyboardInterrupt
+    class Interrupted:
+        def __init__(self, *args: Any) -> None:
+            pass
 
-    monkeypatch.setattr(run_session, "run_study", interrupted)
+        def run(self, *args: Any) -> None:
+            started.append(len(_pool_workers()))  # the next study's start-up is being prepared
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_session, "StudyRun", Interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
                              Budget(trials=2, timeout_s=None, patience=None))

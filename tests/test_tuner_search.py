@@ -85,7 +85,7 @@ def test_a_budget_filled_by_another_worker_during_the_fill_ends_as_the_trial_bud
 
     from tuner.search import study as study_module
 
-    fill = study_module._StudyRun._fill
+    fill = study_module.StudyRun._fill
     arrived: list[int] = []
 
     def fill_with_a_result_arriving(self):
@@ -97,7 +97,7 @@ def test_a_budget_filled_by_another_worker_during_the_fill_ends_as_the_trial_bud
             arrived.append(self.tally.measured)
         fill(self)
 
-    monkeypatch.setattr(study_module._StudyRun, "_fill", fill_with_a_result_arriving)
+    monkeypatch.setattr(study_module.StudyRun, "_fill", fill_with_a_result_arriving)
     outcome = run_study(session_for(store, StandInEvaluator(), batch=1), NAIVE, P1024,
                         Budget(trials=5, timeout_s=None, patience=None))
     assert arrived == [5] and outcome.measured_now == 4

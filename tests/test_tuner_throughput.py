@@ -267,3 +267,69 @@ def test_the_compile_processes_start_with_the_evaluator(tmp_path):
         assert executor is not None and len(executor._processes) == 2
         assert evaluator.pool.arch == evaluator.arch()
     assert evaluator.pool._executor is None  # closed with the evaluator
+
+
+def test_the_next_study_is_built_while_the_gpu_measures_the_last_candidates(tmp_path,
+                                                                              monkeypatch):
+    """tune_all builds a shape's next study (its start-up taken, sampler and storage set up)
+    before the study before it has recorded its last answers, which the GPU child is still
+    measuring: that set-up no longer leaves the GPU idle at every boundary (issue 19)."""
+    from tuner.run import session as run_session
+    from tuner.search import study as study_module
+
+    events: list[str] = []
+    init, measure = study_module.StudyRun.__init__, study_module.StudyRun._measure_next
+
+    def logged_init(self, session, family, *args, **kwargs):
+        events.append(f"build {family.name}")
+        init(self, session, family, *args, **kwargs)
+
+    def logged_measure(self, *args, **kwargs):
+        measurement = measure(self, *args, **kwargs)
+        if measurement is not None:
+            events.append(f"recorded {self.family.name}")
+        return measurement
+
+    monkeypatch.setattr(study_module.StudyRun, "__init__", logged_init)
+    monkeypatch.setattr(study_module.StudyRun, "_measure_next", logged_measure)
+    with live(tmp_path, queue_depth=2, measure_s=MEASURE_S) as evaluator:
+        database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+        info = evaluator.info()
+        session = Session(database=database, evaluator=evaluator,
+                          storage=optuna.storages.RDBStorage(database.url),
+                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                          sampler="random", batch=evaluator.batch, progress=False,
+                          warm_start=False)
+        summary = run_session.tune_all(session, [NAIVE, kernels.get_family("smem")], [SMALL],
+                                       Budget(trials=4, timeout_s=120, patience=None))
+        database.close()
+    assert [outcome.measured for _, _, outcome in summary.outcomes] == [4, 3]  # smem has 3
+    second = events.index("build smem")
+    assert events[:second].count("recorded naive") < 4 <= events.count("recorded naive")
+    assert "recorded smem" not in events[:second]
+
+
+def test_a_study_hands_the_gpu_its_first_compiled_candidate_before_the_window_is_full(
+        tmp_path, monkeypatch):
+    """With the CUBIN cache warm (a study's start-up, compiled ahead), the first candidate goes
+    to the GPU child as soon as it is asked, not after the window's last ask (issue 19)."""
+    from tuner.search import study as study_module
+
+    with live(tmp_path, queue_depth=2) as evaluator:
+        study(evaluator, tmp_path / "cold", trials=4)  # fills the cache with these configs
+        events: list[str] = []
+        ask, submit = study_module.StudyRun._ask, evaluator.submit
+
+        def logged_ask(self):
+            events.append("ask")
+            return ask(self)
+
+        def logged_submit(*args, **kwargs):
+            events.append("submit")
+            return submit(*args, **kwargs)
+
+        monkeypatch.setattr(study_module.StudyRun, "_ask", logged_ask)
+        monkeypatch.setattr(evaluator, "submit", logged_submit)
+        study(evaluator, tmp_path / "warm", trials=4)
+    assert evaluator.batch >= 3 and events.count("submit") == 4
+    assert events[:3] == ["ask", "submit", "ask"], events

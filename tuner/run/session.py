@@ -12,7 +12,7 @@ from tuner.measure.evaluator import Baseline
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import Budget, Session, StudyOutcome, run_study
+from tuner.search.study import Budget, Session, StudyOutcome, StudyRun
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,6 @@ def tune_all(
                         ", ".join(family.architectures), family.architecture_reason, arch)
     families = offered
     started = time.monotonic()
-    left_to_run = len(problems) * len(families)
     order = [(problem, family) for problem in problems for family in families]
     with StartupPrefetch(session) as prefetch:
         # All but the first, in order: the first study computes its own start-up, since the
@@ -96,25 +95,47 @@ def tune_all(
         # warm cache (~5 s of idle GPU before the first answer on the H100; bench/NOTES.md).
         if session.prefetch_startup:
             prefetch.plan((family, problem) for problem, family in order[1:])
-        for problem in problems:
-            if session.stop.requested:
-                break
+
+        def study(index: int, baseline: Baseline | None) -> StudyRun:
+            """The index-th study of ``order``, its time share taken from what is left now."""
+            problem, family = order[index]
+            study_budget = budget
+            if total_seconds is not None:
+                left = total_seconds - (time.monotonic() - started)
+                study_budget = dataclasses.replace(
+                    budget, timeout_s=max(MIN_STUDY_SECONDS, left / (len(order) - index)))
+            return StudyRun(session, family, problem, study_budget,
+                            None if baseline is None else baseline.gflops,
+                            prefetch.take(family, problem))
+
+        index = 0
+        while index < len(order) and not session.stop.requested:
+            problem = order[index][0]
             session.evaluator.set_problem(problem)
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
                 summary.baselines[problem] = baseline
-            for family in families:
-                if session.stop.requested:
-                    break
-                study_budget = budget
-                if total_seconds is not None:
-                    left = total_seconds - (time.monotonic() - started)
-                    study_budget = dataclasses.replace(
-                        budget, timeout_s=max(MIN_STUDY_SECONDS, left / left_to_run))
-                startup = prefetch.take(family, problem)
-                outcome = run_study(session, family, problem, study_budget,
-                                    None if baseline is None else baseline.gflops, startup)
-                summary.outcomes.append((problem, family, outcome))
-                left_to_run -= 1
+            current: StudyRun | None = study(index, baseline)
+            while current is not None:
+                built: list[StudyRun] = []
+                same_shape = index + 1 < len(order) and order[index + 1][0] == problem
+
+                def build_next() -> None:
+                    # the shape's next study is built while the GPU measures this one's last
+                    # candidates (its set-up left the GPU idle 0.4-1 s per study; issue 19)
+                    if session.stop.requested:
+                        return
+                    try:
+                        built.append(study(index + 1, baseline))
+                    except Exception:  # noqa: BLE001  not this run's failure: built again below
+                        log.debug("building the next study early failed", exc_info=True)
+
+                outcome = current.run(build_next if same_shape else None)
+                summary.outcomes.append((problem, current.family, outcome))
+                index += 1
+                if not same_shape or session.stop.requested:
+                    current = None
+                else:
+                    current = built[0] if built else study(index, baseline)
     summary.interrupted = session.stop.requested
     return summary
