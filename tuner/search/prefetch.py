@@ -48,8 +48,12 @@ def can_prefetch(session: Session, family: Any) -> bool:
 
 
 # Start-ups prepared and not yet taken, at most: the process works through the command's
-# studies in order and rests only this far ahead (each holds a family's accepted configs).
-AHEAD = 4
+# studies in order and rests only this far ahead (each holds a family's accepted configs: a
+# shape's eleven about 120 MB). A whole shape ahead: with 4, it prepared the next four during
+# the first study (naive, seconds of GPU work per config and few compiles), then rested with
+# cores to spare, and prepared the compile-heavy families' start-ups later, beside their
+# predecessors' own compiles, late (pipelined's 4-8 s of set-up with the GPU idle; issue 19).
+AHEAD = 11
 
 
 Key = tuple[str, Problem]
