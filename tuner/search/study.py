@@ -9,7 +9,7 @@ import random
 import socket
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -252,13 +252,6 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
-        if resources is not None:
-            # The study's first window is these configs; the prior compiled one per group it
-            # ranked, and its top groups often lose to uncompiled ones (at 2048³ none of
-            # vectorized's 22 and 8 of pipelined's were in the cache): compiled here, ahead,
-            # they do not hold the GPU at the study's start (issue 19).
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                list(pool.map(resources, startup.ranked))
     startup.seconds = time.perf_counter() - started
     return startup
 
