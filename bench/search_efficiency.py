@@ -132,6 +132,7 @@ class Job:
     others: tuple[str, ...] = ()
     other_models: tuple[str, ...] = ()  # recordings of other GPU models: an XMODEL run's seed
     batch: int = 1  # candidates asked ahead of the results (the live tuner's compile window)
+    prior_compiles: int | None = None  # the prior's compile bound (None: the tuner's default)
 
 
 class _StopNearOptimum:
@@ -204,6 +205,7 @@ def run_one(job: Job) -> dict[str, Any]:
         gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
         sampler="default" if warm else job.sampler, seed=job.seed, batch=job.batch, warm_start=warm,
         progress=False, command="bench/search_efficiency.py", stop=stop,
+        **({} if job.prior_compiles is None else {"prior_compiles": job.prior_compiles}),
     )
     started = time.perf_counter()
     outcome = run_study(session, family, job.problem,
@@ -842,7 +844,7 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace
             jobs += [Job(path, family, problem, s, seed,
                          cap if s in UNCAPPED or s.startswith(KT)
                          else min(cap, args.reference_max_evals or cap),
-                         same, other if s == XMODEL else (), args.batch)
+                         same, other if s == XMODEL else (), args.batch, args.prior_compiles)
                      for s in runs for seed in range(args.seeds)]
     return jobs, caps, unusable
 
@@ -882,6 +884,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="candidates the search asks ahead of the results, as the live tuner "
                              "does while compiles run (its window: compile workers + queue depth, "
                              "17 on the H100 host); default 1")
+    parser.add_argument("--prior-compiles", type=int, default=None, metavar="N",
+                        help="the static prior's compile bound per study (a replay reads the "
+                             "recorded resources instead of compiling); default: the tuner's")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -935,7 +940,8 @@ def main(argv: list[str] | None = None) -> int:
               for name, why in failed.items()}
     results = [r for r in results
                if (r["recording"], r["family"], r["shape"], r["sampler"]) not in broken_rows]
-    report(results, {"seeds": args.seeds, "batch": args.batch, "samplers": samplers, "skipped_samplers": skipped,
+    report(results, {"seeds": args.seeds, "batch": args.batch, "prior_compiles": args.prior_compiles,
+                     "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
                       "seconds": time.monotonic() - started}, Path(args.out))

@@ -160,20 +160,3 @@ def test_tune_all_prepares_the_next_start_up_ahead_with_the_same_result(tmp_path
     ahead = _startups_logged(tmp_path, "ahead", True, caplog)
     here = _startups_logged(tmp_path, "here", False, caplog)
     assert len(ahead) == 2 and ahead == here
-
-
-def test_a_prefetched_startup_leaves_its_configs_compiled(tmp_path):
-    """The study's first window is its start-up's configs: prepared ahead, they are in the
-    CUBIN cache when it begins (the prior alone compiles one config per group it ranks)."""
-    from kernels.compiler import cached_config
-
-    session = _session(_Evaluator(), tmp_path / "cubins")
-    with StartupPrefetch(session) as prefetch:
-        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
-        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)  # the ranking, not its compiles
-        (compiles,) = prefetch._compiles
-        assert compiles.result(timeout=300) > 0
-    assert prepared is not None and prepared.ranked and prepared.ranking.compiled == COMPILES
-    assert len(prepared.ranked) > COMPILES
-    assert all(cached_config(BLOCKTILE1D, config, "sm_90", cache_dir=tmp_path / "cubins")
-               for config in prepared.ranked)

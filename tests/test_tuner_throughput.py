@@ -333,3 +333,44 @@ def test_a_study_hands_the_gpu_its_first_compiled_candidate_before_the_window_is
         study(evaluator, tmp_path / "warm", trials=4)
     assert evaluator.batch >= 3 and events.count("submit") == 4
     assert events[:3] == ["ask", "submit", "ask"], events
+
+
+def test_a_stopped_study_drops_its_compiles_before_the_next_one_is_built(tmp_path,
+                                                                         monkeypatch):
+    """Candidates still compiling when a stop rule holds are never measured: their compiles
+    are dropped before the next study is built (the build may wait for a start-up prepared by
+    a niced process, which those compiles would otherwise starve)."""
+    from tuner.run import session as run_session
+    from tuner.search import study as study_module
+
+    events: list[str] = []
+    init = study_module.StudyRun.__init__
+
+    def logged_init(self, session, family, *args, **kwargs):
+        events.append(f"build {family.name}")
+        init(self, session, family, *args, **kwargs)
+
+    monkeypatch.setattr(study_module.StudyRun, "__init__", logged_init)
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=2, queue_depth=2,
+                       backend="tuner.testing",
+                       backend_options={"measure_s": MEASURE_S}) as evaluator:
+        discard = evaluator.discard
+
+        def logged_discard(family, config):
+            events.append(f"discard {family.name}")
+            discard(family, config)
+
+        monkeypatch.setattr(evaluator, "discard", logged_discard)
+        database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+        info = evaluator.info()
+        session = Session(database=database, evaluator=evaluator,
+                          storage=optuna.storages.RDBStorage(database.url),
+                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                          sampler="random", batch=evaluator.batch, progress=False,
+                          warm_start=False)
+        summary = run_session.tune_all(session, [NAIVE, kernels.get_family("smem")], [SMALL],
+                                       Budget(trials=40, timeout_s=120, patience=1))
+        database.close()
+    assert summary.outcomes[0][2].stop_reason == "patience"
+    assert "discard naive" in events
+    assert events.index("discard naive") < events.index("build smem")

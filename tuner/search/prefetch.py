@@ -8,10 +8,7 @@ one child process prepares the command's next studies', in order, while the curr
 not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
 niced, so that the current study's compiles keep the cores they need. Its compiles fill the
 same CUBIN cache the candidates then hit. The study uses the prepared inputs exactly as it
-would have computed them itself (``prepare_startup`` is that computation). Right behind each
-ranking the process compiles the ranked configs (the study's first window), which the study
-does not wait for: its own compiles of those configs wait for these (``kernels.compiler``'s
-lock) instead of building them twice.
+would have computed them itself (``prepare_startup`` is that computation).
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections import deque
 from typing import Any, Iterable
@@ -30,7 +26,6 @@ import kernels
 from tuner.lifetime import child_init
 from tuner.measure.phases import STARTUP_BG
 from tuner.problem import Problem
-from tuner.search import prior
 from tuner.search.study import Session, Startup, prepare_startup
 
 log = logging.getLogger(__name__)
@@ -43,35 +38,6 @@ NICENESS = 10
 def _init(parent_pid: int) -> None:
     child_init(parent_pid)
     os.nice(NICENESS)
-
-
-# In the preparing process: each ranked start-up, from its ranking job to its compile job
-# (queued right behind it, so a study waits for the ranking only).
-_RANKED: dict[tuple[str, Problem], list[dict[str, int]]] = {}
-
-
-def _rank_ahead(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
-                batch: int, seed: int | None, prior_compiles: int, cache_dir: str | None
-                ) -> Startup:
-    startup = prepare_startup(family_name, arch, problem, sampler, sm_count, batch, seed,
-                              prior_compiles, cache_dir)
-    if startup.ranked and prior_compiles:
-        _RANKED[(family_name, problem)] = startup.ranked
-    return startup
-
-
-def _compile_ahead(family_name: str, arch: str, problem: Problem, cache_dir: str | None
-                   ) -> float:
-    """Compile the ranked start-up's configs: they are the study's first window, and the prior
-    compiles only one config per group it ranks, whose top groups often lose to uncompiled
-    ones (at 2048³ the cache held none of vectorized's 22 and 8 of pipelined's when the study
-    began, so its first window waited for compiles with the GPU idle; issue 19)."""
-    configs = _RANKED.pop((family_name, problem), [])
-    started = time.perf_counter()
-    compile_one = prior.compiled_usage(kernels.get_family(family_name), arch, cache_dir)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as threads:
-        list(threads.map(compile_one, configs))
-    return time.perf_counter() - started
 
 
 def can_prefetch(session: Session, family: Any) -> bool:
@@ -104,7 +70,6 @@ class StartupPrefetch:
         self._executor: ProcessPoolExecutor | None = None
         self._queue: deque[tuple[Any, Problem]] = deque()  # to be submitted, in order
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
-        self._compiles: list[Future[float]] = []  # their configs' compiles, not yet counted
         self._broken = False  # the process died (killed?): the studies compute their own
 
     def plan(self, studies: Iterable[tuple[Any, Problem]]) -> None:
@@ -126,13 +91,11 @@ class StartupPrefetch:
                                                      initargs=(os.getpid(),))
             sm_count = int(session.evaluator.info().get("sm_count") or 0)
             cache = None if session.compile_cache is None else str(session.compile_cache)
-            arch = session.evaluator.arch()
             try:
                 self._jobs[(family.name, problem)] = self._executor.submit(
-                    _rank_ahead, family.name, arch, problem, session.sampler, sm_count,
-                    session.batch, session.seed, session.prior_compiles, cache)
-                self._compiles.append(self._executor.submit(
-                    _compile_ahead, family.name, arch, problem, cache))
+                    prepare_startup, family.name, session.evaluator.arch(), problem,
+                    session.sampler, sm_count, session.batch, session.seed,
+                    session.prior_compiles, cache)
             except BrokenProcessPool:
                 self._give_up()
 
@@ -150,15 +113,9 @@ class StartupPrefetch:
             if isinstance(error, BrokenProcessPool):  # its process died (killed?): stop here
                 self._give_up()
             return None
-        # the process's time for the studies that use it (one left untaken is not counted),
-        # and for the compiles of the start-ups it finished
-        self.session.phases.add(STARTUP_BG, startup.seconds + self._compiled_seconds())
+        # the process's time for the studies that use it (one left untaken is not counted)
+        self.session.phases.add(STARTUP_BG, startup.seconds)
         return startup
-
-    def _compiled_seconds(self) -> float:
-        done = [job for job in self._compiles if job.done()]
-        self._compiles = [job for job in self._compiles if not job.done()]
-        return sum(job.result() for job in done if not job.cancelled() and not job.exception())
 
     def _give_up(self) -> None:
         self.close()
@@ -168,7 +125,7 @@ class StartupPrefetch:
         """End the process at once: a job half done is of no use, and waiting for its
         compiles would hold up the command's exit."""
         executor, self._executor = self._executor, None
-        self._queue, self._jobs, self._compiles = deque(), {}, []
+        self._queue, self._jobs = deque(), {}
         if executor is None:
             return
         # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)

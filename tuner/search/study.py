@@ -144,6 +144,7 @@ class _Pending:
     alias: bool = False  # same config as an earlier pending candidate: answered from it
     claim: int | None = None  # its RUNNING trial id in the storage (claims on)
     retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
+    dropped: bool = False  # its compile let go (the run stopped before it was handed over)
 
 
 @dataclass
@@ -758,12 +759,22 @@ class StudyRun:
         self.while_draining = while_draining
         with self.phases.loop():
             reason = self._search(deadline, bar)
+            self._discard_pending()  # never measured now: their compiles free the cores
             if self.submitted:
                 self._draining()
             while self.submitted:  # measured or being measured: record, whatever the reason
                 self._measure_next(submit_more=False)
             self._flush()  # everything measured is stored (and numbered) before the outcome
         return reason
+
+    def _discard_pending(self) -> None:
+        """Let the evaluator drop the compiles of the window's candidates (asked, compiling,
+        never handed over); they stay in the window until the run's end tells them FAIL."""
+        discard = getattr(self.session.evaluator, "discard", None)
+        for item in self.pending:
+            if discard is not None and not item.alias and not item.dropped:
+                discard(self.family, item.config)
+                item.dropped = True
 
     def _draining(self) -> None:
         """Call ``while_draining`` (once), now that all this run still holds is with the GPU
@@ -849,10 +860,7 @@ class StudyRun:
                 self.study.tell(item.trial, state=TrialState.FAIL)
                 if item.claim is not None and not item.alias:
                     self.shared.release(item.claim, requeue=item.retry)
-            discard = getattr(session.evaluator, "discard", None)
-            for item in self.pending:  # asked, compiling, never handed over
-                if discard is not None and not item.alias:
-                    discard(self.family, item.config)
+            self._discard_pending()
             self.pending.clear()
             self.submitted.clear()
             bar.close()
