@@ -98,3 +98,31 @@ def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
     assert {r["sampler"] for r in document["summary"]} == {"default", "random", bench.WARM}
     assert {c["sampler"] for c in document["target"]} == {"default", bench.WARM}
     assert "target (default+warm <= random/3 at 3%, " in capsys.readouterr().out
+
+
+def test_prior_compiles_reaches_the_replayed_prior(tmp_path, monkeypatch):
+    """``--prior-compiles N`` is the bound the replayed study's static prior ranks with (a
+    replay reads the recorded resources instead of compiling)."""
+    from tuner.search import prior
+
+    naive = kernels.FAMILIES["naive"]
+    problem = Problem(512, 512, 512)
+    recording = record_with_evaluator(StandInEvaluator(), [naive], [problem], max_configs=1000)
+    path = str(recording.save(tmp_path / "fixture.json.gz"))
+    bench = search_efficiency()
+    bounds: list[int] = []
+    rank = prior.startup_configs
+
+    def recorded(*args, **kwargs):
+        bounds.append(args[9] if len(args) > 9 else kwargs["max_compiles"])
+        return rank(*args, **kwargs)
+
+    monkeypatch.setattr(prior, "startup_configs", recorded)
+    bench.run_one(bench.Job(path, "naive", problem, "default", 0, 10, prior_compiles=5))
+    bench.run_one(bench.Job(path, "naive", problem, "default", 0, 10))
+    assert bounds == [5, prior.MAX_COMPILES]
+    out = tmp_path / "se.json"
+    assert bench.main(["--recording", path, "--seeds", "1", "--samplers", "default",
+                       "--prior-compiles", "5", "--workers", "1", "--kernel-tuner", "none",
+                       "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["prior_compiles"] == 5
