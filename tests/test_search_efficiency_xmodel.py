@@ -43,7 +43,7 @@ def paths(tmp_path_factory) -> tuple[str, str]:
 
 def options(**changes: Any) -> argparse.Namespace:
     defaults = dict(family=[], max_evals=None, reference_max_evals=None, warm_start=True,
-                    cross_model=True, seeds=1, batch=1)
+                    cross_model=True, seeds=1, batch=1, prior_compiles=None)
     return argparse.Namespace(**(defaults | changes))
 
 
