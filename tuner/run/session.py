@@ -122,7 +122,8 @@ def tune_all(
 
                 def build_next() -> None:
                     # the shape's next study is built while the GPU measures this one's last
-                    # candidates (its set-up left the GPU idle 0.4-1 s per study; issue 19)
+                    # candidates (tf32x3's and pipelined's set-ups left it idle 0.3-1 s on the
+                    # H100; issue 19)
                     if session.stop.requested:
                         return
                     try:

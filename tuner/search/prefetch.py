@@ -49,10 +49,10 @@ def can_prefetch(session: Session, family: Any) -> bool:
 
 # Start-ups prepared and not yet taken, at most: the process works through the command's
 # studies in order and rests only this far ahead (each holds a family's accepted configs: a
-# shape's eleven about 120 MB). A whole shape ahead: with 4, it prepared the next four during
-# the first study (naive, seconds of GPU work per config and few compiles), then rested with
-# cores to spare, and prepared the compile-heavy families' start-ups later, beside their
-# predecessors' own compiles, late (pipelined's 4-8 s of set-up with the GPU idle; issue 19).
+# shape's eleven about 120 MB at 2048³). A whole shape ahead, so that it does not rest while
+# the first study (naive: seconds of GPU work per config, few cheap compiles) leaves cores to
+# spare; with 4 it stopped after blocktile2d's and vectorized's start-ups there. (On a slow
+# host it is busy the whole command anyway: bench/NOTES.md, session 14.)
 AHEAD = 11
 
 

@@ -652,8 +652,7 @@ class StudyRun:
                 self.fruitless = 0
                 if len(self.submitted) < self.depth:
                     # the GPU child has room (a study's start, or it ran dry): hand it what
-                    # has compiled by now instead of after the window's last ask (a window
-                    # of 17 asks took 0.2-0.5 s; issue 19)
+                    # has compiled by now, not after the window's last ask (issue 19)
                     self._submit_ready(wait=False)
             else:
                 self.fruitless += 1
