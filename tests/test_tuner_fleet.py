@@ -8,6 +8,7 @@ is logged to a file first, so that a worker can be killed in the middle of one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
@@ -17,6 +18,7 @@ import textwrap
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, Iterator
 
 import db
 import kernels
@@ -246,7 +248,6 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
     measured 81 of 80). Here the other worker is a claim written into the storage just ahead of
     this worker's fifth; it never finishes, goes stale and is measured as a retry."""
     from tuner.search import fleet
-    from tuner.search.study import Budget, run_study
 
     budget = 5
     # The ghost claims a config this worker has not claimed: claiming workers seed their
@@ -270,28 +271,40 @@ def test_a_claim_made_after_another_workers_claim_of_the_budgets_last_config_bac
         return claim(self, params, distributions)
 
     monkeypatch.setattr(fleet.SharedStudy, "claim", claim_after_a_ghost)
-    with scratch_url("postgresql", tmp_path) as url:
-        database = db.open_database(url)
-        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
-        evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-ghost")
-        outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
-                            Budget(trials=budget, timeout_s=60, patience=None))
-        measured = [config for _, config, _ in evaluator.calls]
+    with _pg_fleet(tmp_path) as (database, storage):
+        outcome, measured = _run_fleet(database, storage, "GPU-fleet-ghost", budget)
         assert ghosts, "the ghost claim was written"
         assert outcome.stop_reason == "trial budget" and len(measured) == budget
         assert measured[-1] == ghost_config, "the fifth slot was the ghost's: retried, not ours"
         assert len(_measured_trials(database)) == budget
-        storage.engine.dispose()
-        database.close()
 
 
-def _fleet_session(database: db.Database, storage, evaluator: StandInEvaluator):
-    from tuner.search.study import Session
+@contextlib.contextmanager
+def _pg_fleet(tmp_path: Path) -> Iterator[tuple[db.Database, Any]]:
+    """A scratch PostgreSQL results database and the fleet's Optuna storage on it."""
+    with scratch_url("postgresql", tmp_path) as url:
+        database = db.open_database(url)
+        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+        try:
+            yield database, storage
+        finally:
+            storage.engine.dispose()
+            database.close()
 
-    return Session(database=database, evaluator=evaluator, storage=storage,
-                   gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())), gpu_name=GPU,
-                   progress=False, sampler="random", seed=3, claim_trials=True,
-                   heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+
+def _run_fleet(database: db.Database, storage, gpu_uuid: str, budget: int
+               ) -> tuple[Any, list[dict[str, int]]]:
+    """One claiming worker's study of FAMILY on P to ``budget`` trials: its outcome and the
+    configs it measured, in order."""
+    from tuner.search.study import Budget, Session, run_study
+
+    evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid=gpu_uuid)
+    session = Session(database=database, evaluator=evaluator, storage=storage,
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())), gpu_name=GPU,
+                      progress=False, sampler="random", seed=3, claim_trials=True,
+                      heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+    outcome = run_study(session, FAMILY, P, Budget(trials=budget, timeout_s=60, patience=None))
+    return outcome, [config for _, config, _ in evaluator.calls]
 
 
 def _queue_retry(storage, study_id: int, params: dict, distributions: dict) -> int:
@@ -314,7 +327,6 @@ def test_a_claim_made_after_a_queued_retry_of_its_config_backs_off(tmp_path, mon
     stale claim's failure and its retry) backs off, and the retry is measured, once. (When the
     claim went on, another worker took the retry as well: 31 measurements of 30 in CI.)"""
     from tuner.search import fleet
-    from tuner.search.study import Budget, run_study
 
     budget = 5
     claim = fleet.SharedStudy.claim
@@ -328,13 +340,8 @@ def test_a_claim_made_after_a_queued_retry_of_its_config_backs_off(tmp_path, mon
         return claim(self, params, distributions)
 
     monkeypatch.setattr(fleet.SharedStudy, "claim", claim_behind_a_retry)
-    with scratch_url("postgresql", tmp_path) as url:
-        database = db.open_database(url)
-        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
-        evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-retry")
-        outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
-                            Budget(trials=budget, timeout_s=60, patience=None))
-        measured = [config for _, config, _ in evaluator.calls]
+    with _pg_fleet(tmp_path) as (database, storage):
+        outcome, measured = _run_fleet(database, storage, "GPU-fleet-retry", budget)
         contested = space.config_from_params(FAMILY, claims[2])
         assert retries and outcome.stop_reason == "trial budget"
         assert len(measured) == budget and measured.count(contested) == 1
@@ -343,8 +350,6 @@ def test_a_claim_made_after_a_queued_retry_of_its_config_backs_off(tmp_path, mon
                   if t.params == claims[2] and "duplicate_of" not in t.user_attrs]
         assert done._trial_id == retries[0], "the retry (the lower id) was measured, not the claim"
         assert len(_measured_trials(database)) == budget
-        storage.engine.dispose()
-        database.close()
 
 
 @needs_pg
@@ -354,12 +359,9 @@ def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp
     import threading
 
     from tuner.search import fleet
-    from tuner.search.study import Budget, run_study
 
     contested = _accepted(FAMILY)[0]
-    with scratch_url("postgresql", tmp_path) as url:
-        database = db.open_database(url)
-        storage = open_storage(url, heartbeat_s=HEARTBEAT, stale_after_s=STALE_AFTER)
+    with _pg_fleet(tmp_path) as (database, storage):
         study = optuna.create_study(storage=storage, direction="maximize",
                                     study_name=study_name(GPU, FAMILY, P))
         params = space.params_from_config(FAMILY, contested)
@@ -381,16 +383,11 @@ def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp
         thread = threading.Thread(target=other_worker)
         thread.start()
         try:
-            evaluator = StandInEvaluator(gpu_name=GPU, gpu_uuid="GPU-fleet-dropped")
-            outcome = run_study(_fleet_session(database, storage, evaluator), FAMILY, P,
-                                Budget(trials=5, timeout_s=60, patience=None))
+            outcome, measured = _run_fleet(database, storage, "GPU-fleet-dropped", 5)
         finally:
             stop.set()
             thread.join()
-        measured = [config for _, config, _ in evaluator.calls]
         assert contested not in measured, "measured while another worker's claim held it"
         assert outcome.stop_reason == "trial budget" and len(measured) == 4
         assert storage.get_trial(retry).state == TrialState.FAIL
         assert storage.get_trial(other).state == TrialState.COMPLETE
-        storage.engine.dispose()
-        database.close()

@@ -35,13 +35,8 @@ def live(tmp_path: Path, queue_depth: int, measure_s: float = 0.0) -> LiveEvalua
 def study(evaluator: LiveEvaluator, folder: Path, trials: int) -> tuple[dict, Session]:
     """A random-sampler study of naive on SMALL: {config: the stored result fields}."""
     folder.mkdir(exist_ok=True)
-    database = db.open_database(f"sqlite:///{folder / 'gemmtune.sqlite'}")
-    info = evaluator.info()
-    session = Session(database=database, evaluator=evaluator,
-                      storage=optuna.storages.RDBStorage(database.url),
-                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-                      sampler="random", batch=evaluator.batch, progress=False, warm_start=False,
-                      phases=evaluator.phases)
+    session = standin_session(evaluator, folder, evaluator.batch, phases=evaluator.phases)
+    database = session.database
     outcome = run_study(session, NAIVE, SMALL, Budget(trials=trials, timeout_s=120,
                                                       patience=None))
     measured = {tuple(sorted(t.params.items())): (t.state, t.gflops, t.time_median_ms,
@@ -72,14 +67,15 @@ def test_queued_requests_record_what_blocking_requests_record(tmp_path):
     assert before[tuple(sorted(config.items()))][1:3] == (alone.gflops, alone.time_median_ms)
 
 
-def standin_session(evaluator, folder: Path, batch: int) -> Session:
-    """A random-sampler session on an in-process stand-in evaluator, its database in folder."""
+def standin_session(evaluator, folder: Path, batch: int, **fields) -> Session:
+    """A random-sampler session on a stand-in evaluator (in-process, or the live path's
+    stand-in GPU child), its database in folder."""
     database = db.open_database(f"sqlite:///{folder / 'gemmtune.sqlite'}")
+    info = evaluator.info()
     return Session(database=database, evaluator=evaluator,
                    storage=optuna.storages.RDBStorage(database.url),
-                   gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
-                   gpu_name=evaluator.gpu_name, sampler="random", batch=batch, progress=False,
-                   warm_start=False)
+                   gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                   sampler="random", batch=batch, progress=False, warm_start=False, **fields)
 
 
 def test_the_phases_cover_the_search_loop(tmp_path):
@@ -293,16 +289,10 @@ def test_the_next_study_is_built_while_the_gpu_measures_the_last_candidates(tmp_
     monkeypatch.setattr(study_module.StudyRun, "__init__", logged_init)
     monkeypatch.setattr(study_module.StudyRun, "_measure_next", logged_measure)
     with live(tmp_path, queue_depth=2, measure_s=MEASURE_S) as evaluator:
-        database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
-        info = evaluator.info()
-        session = Session(database=database, evaluator=evaluator,
-                          storage=optuna.storages.RDBStorage(database.url),
-                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-                          sampler="random", batch=evaluator.batch, progress=False,
-                          warm_start=False)
+        session = standin_session(evaluator, tmp_path, evaluator.batch)
         summary = run_session.tune_all(session, [NAIVE, kernels.get_family("smem")], [SMALL],
                                        Budget(trials=4, timeout_s=120, patience=None))
-        database.close()
+        session.database.close()
     assert [outcome.measured for _, _, outcome in summary.outcomes] == [4, 3]  # smem has 3
     second = events.index("build smem")
     assert events[:second].count("recorded naive") < 4 <= events.count("recorded naive")
@@ -361,16 +351,10 @@ def test_a_stopped_study_drops_its_compiles_before_the_next_one_is_built(tmp_pat
             discard(family, config)
 
         monkeypatch.setattr(evaluator, "discard", logged_discard)
-        database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
-        info = evaluator.info()
-        session = Session(database=database, evaluator=evaluator,
-                          storage=optuna.storages.RDBStorage(database.url),
-                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-                          sampler="random", batch=evaluator.batch, progress=False,
-                          warm_start=False)
+        session = standin_session(evaluator, tmp_path, evaluator.batch)
         summary = run_session.tune_all(session, [NAIVE, kernels.get_family("smem")], [SMALL],
                                        Budget(trials=40, timeout_s=120, patience=1))
-        database.close()
+        session.database.close()
     assert summary.outcomes[0][2].stop_reason == "patience"
     assert "discard naive" in events
     assert events.index("discard naive") < events.index("build smem")

@@ -34,7 +34,7 @@ import kernels
 
 from tuner.problem import Problem
 from tuner.search.costmodel import FEATURES, CostModel, Example, matrix
-from tuner.search.prior import Target
+from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ EPSILON = 0.1  # share of asks that take a uniform accepted config
 STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitted
 MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``)
 # Configs of one geometry group (same block tile, threads, split) in flight at once, at most,
-# while another group has an unseen config: as the prior's start-up (prior.PER_GROUP).
-PENDING_PER_GROUP = 3
+# while another group has an unseen config: as many as the prior's start-up measures per group.
+PENDING_PER_GROUP = PER_GROUP
 GROUP_FEATURES = ("log2_tile_rows", "log2_tile_cols", "log2_threads", "log2_splits",
                   "shared_kib")
 
