@@ -1,12 +1,15 @@
-"""CPU time of the default sampler's ask over a family's full accepted space (issue 19).
+"""CPU time of a sampler's ask over a family's full accepted space (issue 19).
 
-    python bench/ask_cost.py [--family pipelined ...] [--asks 50] [--window 4] [--profile]
+    python bench/ask_cost.py [--sampler prior|model] [--family pipelined ...] [--asks 50]
+                             [--window 4] [--profile]
 
 For each family (default: the enumerable ones with more than 10,000 accepted configs), builds
-the default sampler as a study does (accepted configs, geometry groups; no prior start-up) and
-asks ``--asks`` times with ``--window`` candidates in flight, telling a made-up value for the
-oldest. Prints the mean ms per ask after the first 10 (past the start-up) and a digest of the
-proposals: a change of the ask that must not change the search keeps the digest. No GPU.
+the sampler as a study does at 2048³ on 132 SMs — ``prior``: the TPE set-up (accepted configs,
+geometry groups; no prior start-up); ``model``: the learned cost model on a cold database (no
+examples of other problems, no start-up: it fits on the study's own values once it has a few)
+— and asks ``--asks`` times with ``--window`` candidates in flight, telling a made-up value for
+the oldest. Prints the mean ms per ask after the first 10 (past the start-up) and a digest of
+the proposals: a change of the ask that must not change the search keeps the digest. No GPU.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 import optuna  # noqa: E402
 
+from tuner.problem import Problem  # noqa: E402
 from tuner.search import prior, space  # noqa: E402
 from tuner.search.samplers import SearchSpace, make_sampler  # noqa: E402
 from tuner.search.study import _accepted_configs  # noqa: E402
@@ -39,19 +43,28 @@ def _value(config: dict[str, int]) -> float:
     return float(sum((i + 1) * (v % 7) for i, v in enumerate(config.values())))
 
 
-def ask_cost(family_name: str, asks: int, window: int, profile: cProfile.Profile | None = None
-             ) -> tuple[int, float, str]:
+def ask_cost(family_name: str, asks: int, window: int, profile: cProfile.Profile | None = None,
+             sampler_name: str = "prior") -> tuple[int, float, str]:
     """(accepted configs, mean seconds per ask after the first WARM_ASKS, proposals digest)."""
     family = kernels.get_family(family_name)
     accepted = _accepted_configs(family, ARCH)
     if accepted is None:
         raise SystemExit(f"{family_name}: not enumerable")
-    groups = prior.group_configs(family, accepted, 2048, 2048, 2048)
-    positions = [[space.params_from_config(family, c) for c in members]
-                 for _, members in groups.values()]
     distributions = space.distributions(family)
-    sampler = make_sampler("default", 0, SearchSpace(
-        distributions, space.feasibility(family, ARCH), (), positions))
+    if sampler_name == "model":
+        from tuner.search.costmodel import preload
+        from tuner.search.learned import LearnedSpace
+
+        preload()  # the tuner imports it before its studies (tuner.run.tune)
+        learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
+                                     Problem(2048, 2048, 2048), prior.Target(132, ARCH), [])
+        search_space = SearchSpace(distributions, space.feasibility(family, ARCH), learned=learned)
+    else:
+        groups = prior.group_configs(family, accepted, 2048, 2048, 2048)
+        positions = [[space.params_from_config(family, c) for c in members]
+                     for _, members in groups.values()]
+        search_space = SearchSpace(distributions, space.feasibility(family, ARCH), (), positions)
+    sampler = make_sampler(sampler_name, 0, search_space)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     asked, seconds = propose(study, family, asks, window, _value, profile)
     late = seconds[WARM_ASKS:] or seconds
@@ -90,6 +103,7 @@ def digest(asked: list[tuple[tuple[str, int], ...]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sampler", choices=("prior", "model"), default="prior")
     parser.add_argument("--family", action="append", default=[])
     parser.add_argument("--asks", type=int, default=50)
     parser.add_argument("--window", type=int, default=4)
@@ -98,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for name in args.family or LARGE:
         profile = cProfile.Profile() if args.profile else None
-        accepted, per_ask, digest = ask_cost(name, args.asks, args.window, profile)
+        accepted, per_ask, digest = ask_cost(name, args.asks, args.window, profile, args.sampler)
         print(f"{name}: {accepted} accepted configs, {1e3 * per_ask:.1f} ms per ask, "
               f"proposals {digest}")
         if profile is not None:

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for problem in shapes:
         for family in families:
-            startup = _enumerate(family, "sm_90", problem, "default")
+            startup = _enumerate(family, "sm_90", problem, "prior")
             if startup.groups is None:
                 continue
             started = time.perf_counter()

@@ -11,7 +11,7 @@
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
     # warm start across GPU models (issue 17 part 2), e.g. the H200 warm-started from the H100:
-    python bench/search_efficiency.py --samplers default --cross-model --kernel-tuner none \
+    python bench/search_efficiency.py --samplers prior --cross-model --kernel-tuner none \
         --recording tests/data/recordings/h200-splitk.json.gz \
         --recording tests/data/recordings/h100-splitk.json.gz
 
@@ -28,25 +28,27 @@ reject cost nothing (never compiled nor run) and proposals of an already measure
 answered from the study: neither is counted. ``missing`` cannot happen on a full recording.
 
 Recordings of several GPU models (the header's ``gpu.name``) may be given together. Every row
-but ``default+xmodel`` sees only the searched GPU model's recordings (``Job.others``, ``plan``):
+but ``prior+xmodel`` sees only the searched GPU model's recordings (``Job.others``, ``plan``):
 no other model's measurement, of the same problem least of all, reaches its warm start or
 training, so leave-one-out stays leave-one-out and nothing is stored under the wrong GPU.
 
-The ``model`` sampler (tuner.search.learned) learns from measurements of other problems: here
-every measured config of every recorded problem of the same GPU model except the one searched —
-all of its families are held out (leave-one-out, ``training_for``). Each row says whether its
-sampler was fitted on the recording it is measured on (``fit_kind``): ``in-sample`` for the
-default's rows on the recordings its constants were chosen on (``DESIGN_RECORDINGS``),
-``leave-one-out`` for the model's, ``-`` where nothing was fitted (random, Optuna's own).
+The ``model`` sampler (tuner.search.learned; ``default`` runs it on every recording, their grids
+being listed) learns from measurements of other problems: here every measured config of every
+recorded problem of the same GPU model except the one searched — all of its families are held
+out (leave-one-out, ``training_for``). Each row says whether its sampler was fitted on the
+recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's rows
+(``prior``, the default until session 15) on the recordings its constants were chosen on
+(``DESIGN_RECORDINGS``), ``leave-one-out`` for the model's, ``-`` where nothing was fitted
+(random, Optuna's own).
 
-Warm-started rows run the default sampler with the tuner's own ``warm_start_configs`` on a fresh
-database seeded with recorded optima (as finished runs): ``default+warm`` (``--warm-start``)
+Warm-started rows run the prior set-up with the tuner's own ``warm_start_configs`` on a fresh
+database seeded with recorded optima (as finished runs): ``prior+warm`` (``--warm-start``)
 with the family's optimum on every OTHER problem recorded on the same GPU model;
-``default+xmodel`` (``--cross-model``, issue 17 part 2) with the family's optimum on every
+``prior+xmodel`` (``--cross-model``, issue 17 part 2) with the family's optimum on every
 problem each OTHER GPU model's recording holds, the searched one included (what a service that
 tuned that model knows), stored under that model's GPU — nothing of the searched model. Its
 pairs without another model's recording of the family are listed as skipped; its target: median
-evaluations to 3% at most half the cold ``default`` row's (``cross_model_target``).
+evaluations to 3% at most half the cold ``prior`` row's (``cross_model_target``).
 
 Kernel Tuner reference rows (``kt:STRATEGY``, ``--kernel-tuner``; on by default when the
 ``kernel_tuner`` package is importable): the same (recording, family, shape) written as a Kernel
@@ -86,21 +88,25 @@ sys.path.insert(0, str(ROOT))
 from tuner.measure.recording import Recording, load  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.report import format_table  # noqa: E402
-from tuner.search.samplers import SAMPLERS, missing_packages  # noqa: E402
+# LEARNING: they learn from the other recordings (leave-one-out); ``default`` is the model on
+# every recording (their grids are listed)
+from tuner.search.samplers import LEARNING, SAMPLERS, missing_packages  # noqa: E402
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 COSTLESS = ("rejected", "missing")
-# The tuner's default as a real service runs it: warm-started from what the database knows.
-# Here that is the recorded optimum of the same family on every OTHER recorded problem (real
-# measurements, leave-one-out: never the problem being searched), in a fresh database per run.
-WARM = "default+warm"
-# The default as a service that has tuned other GPU models starts on a new one (issue 17 part
-# 2): warm-started from the family's recorded optima of every OTHER GPU model's recordings (the
-# searched problem included, stored under that model's GPU), nothing of the searched model.
-XMODEL = "default+xmodel"
-UNCAPPED = ("default", "model", "hybrid", "random", WARM, XMODEL)  # the target checks compare these
-CHECKED = ("default", "model", "hybrid", WARM)  # rows the target check holds against random
-# The recordings the default sampler's constants (tuner.search.prior, GROUP_TRIES, …) were
+# The prior set-up (the tuner's default until session 15) as a service runs it: warm-started
+# from what the database knows. Here that is the recorded optimum of the same family on every
+# OTHER recorded problem (real measurements, leave-one-out: never the problem being searched),
+# in a fresh database per run.
+WARM = "prior+warm"
+# The prior set-up as a service that has tuned other GPU models starts on a new one (issue 17
+# part 2): warm-started from the family's recorded optima of every OTHER GPU model's recordings
+# (the searched problem included, stored under that model's GPU), nothing of the searched model.
+XMODEL = "prior+xmodel"
+# the target checks compare these
+UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, XMODEL)
+CHECKED = ("default", "model", "prior", "hybrid", WARM)  # rows the target check holds against random
+# The recordings the prior set-up's constants (tuner.search.prior, GROUP_TRIES, …) were
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
 DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",
                      "h100-warptile-vectorized-1023x1025x999.json.gz")
@@ -197,13 +203,12 @@ def run_one(job: Job) -> dict[str, Any]:
             _seed_other_optima(database, job, info)
         else:
             warm_from = _seed_other_models(database, job)
-    training = (training_for(job, str(info["name"])) if job.sampler in ("model", "hybrid")
-                else None)
+    training = training_for(job, str(info["name"])) if job.sampler in LEARNING else None
     session = Session(
         database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
         training=training,
         gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-        sampler="default" if warm else job.sampler, seed=job.seed, batch=job.batch, warm_start=warm,
+        sampler="prior" if warm else job.sampler, seed=job.seed, batch=job.batch, warm_start=warm,
         progress=False, command="bench/search_efficiency.py", stop=stop,
         **({} if job.prior_compiles is None else {"prior_compiles": job.prior_compiles}),
     )
@@ -263,11 +268,11 @@ def fit_kind(sampler: str, recording: str, warm_from: list[str] | None = None) -
     which GPU models' optima it started from, ``warm_from``)."""
     if sampler == XMODEL:
         return f"warm-started from {', '.join(warm_from or ['-'])}"
-    if sampler == "model":
+    if sampler in ("default", "model"):
         return "leave-one-out"
-    if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the default's
+    if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the prior set-up's
         return "in-sample" if recording in DESIGN_RECORDINGS else "leave-one-out"
-    if sampler in ("default", WARM):
+    if sampler in ("prior", WARM):
         return "in-sample" if recording in DESIGN_RECORDINGS else "not fitted on it"
     return "-"
 
@@ -645,11 +650,11 @@ def target_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def cross_model_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 17 part 2's target at 3%, per pair with an XMODEL row: warm-started from other GPU
-    models, median at most half the cold default's."""
+    models, median at most half the cold prior set-up's."""
     checks = []
     by_key = {(r["recording"], r["family"], r["shape"], r["sampler"]): r for r in rows}
     for (recording, family, shape, sampler), row in by_key.items():
-        cold = by_key.get((recording, family, shape, "default"))
+        cold = by_key.get((recording, family, shape, "prior"))
         if sampler != XMODEL or cold is None:
             continue
         x, d = row["3%"]["median"], cold["3%"]["median"]
@@ -688,7 +693,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
           f"nothing and are not counted) until within 1/3/5% of the recorded optimum, "
           f"{'/'.join(map(str, seeds))} seeds per row. '>N': not reached within N measured "
           f"configs in at least that share of the runs; N is the whole accepted space for "
-          f"default, random and Kernel Tuner's strategies (kt:), and the "
+          f"default, model, prior, random and Kernel Tuner's strategies (kt:), and the "
           f"--reference-max-evals cap for Optuna's own samplers:")
     print(format_table(["recording", "family", "shape", "sampler", "fitted on it",
                         *(f"within {t:.0%} (median / p90)" for t in THRESHOLDS), "s/run"], table))
@@ -708,7 +713,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
               f"{check['default_median']:g} vs {check['random_median']:g} -> "
               f"{'met' if check['met'] else 'NOT met'}{p90}{kt}")
     for check in cross_checks:
-        print(f"target ({XMODEL} <= default/2 at 3%, {check['fit']}): {check['recording']} "
+        print(f"target ({XMODEL} <= prior/2 at 3%, {check['fit']}): {check['recording']} "
               f"{check['family']} {check['shape']}: {check['xmodel_median']:g} vs "
               f"{check['cold_median']:g} -> "
               f"{'met' if check['met'] else 'NOT met'}")
@@ -723,12 +728,13 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> No
         "what": "evaluations (measured candidates; rejected and repeated proposals cost "
                 "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
                 "optimum; one tuner search loop per run, cold (no warm start) except the "
-                "default+warm rows (warm-started from the family's recorded optima on the other "
-                "recorded problems of the same GPU model) and the default+xmodel rows "
+                "prior+warm rows (warm-started from the family's recorded optima on the other "
+                "recorded problems of the same GPU model) and the prior+xmodel rows "
                 "(warm-started from the family's recorded optima of other GPU models, the "
                 "searched problem included; cross_model_target: their median to 3% at most "
-                "half the cold default's); null: not reached within "
-                "the row's max_evals (the whole space for default, random and the kt: rows, "
+                "half the cold prior's); null: not reached within "
+                "the row's max_evals (the whole space for default, model, prior, random and "
+                "the kt: rows, "
                 "the --reference-max-evals cap for tpe, gp and cmaes); kt:STRATEGY rows: "
                 "Kernel Tuner's strategy in simulation mode on the recording written as its "
                 "cache, counting the unique configs its runner served; kernel_tuner_best: "
@@ -865,17 +871,17 @@ def main(argv: list[str] | None = None) -> int:
                              "reference points and slow per ask; default and random stay "
                              "uncapped so the target check always has both medians")
     parser.add_argument("--warm-start", action="store_true",
-                        help=f"add a '{WARM}' row per pair: the default sampler warm-started "
+                        help=f"add a '{WARM}' row per pair: the prior set-up warm-started "
                              "from the family's recorded optima on the other recorded problems "
                              "(leave-one-out), as the tuner starts in a service that has tuned "
                              "other shapes")
     parser.add_argument("--cross-model", action="store_true",
                         help=f"add a '{XMODEL}' row per pair that another GPU model's recording "
-                             "holds the family of: the default sampler warm-started from that "
+                             "holds the family of: the prior set-up warm-started from that "
                              "model's recorded optima of the family (the searched problem "
                              "included), as the tuner starts on a new GPU model in a service "
                              "that has tuned another (issue 17: target <= half the cold "
-                             "default's measurements to 3%%)")
+                             "prior set-up's measurements to 3%%)")
     parser.add_argument("--kernel-tuner", nargs="+", default=None, metavar="STRATEGY",
                         help="Kernel Tuner strategies to add as kt:STRATEGY rows: names, 'all' "
                              "(every strategy Kernel Tuner offers), or 'none'; default: "

@@ -60,6 +60,11 @@ def test_the_fit_is_deterministic_with_a_fixed_seed(recordings):
     a, b = first.fit().predict(x), second.fit().predict(x)
     assert np.array_equal(a, b)
     assert np.ptp(a) > 0  # it ranks, it does not predict one constant
+    # predictions run on several threads (rows are independent): the same on one
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        assert np.array_equal(first._model.predict(x[:, first._columns]), a)
 
 
 def test_the_model_ranks_a_recorded_problem_it_was_fitted_on(recordings):
@@ -96,10 +101,10 @@ def test_leave_one_out_never_fits_on_the_problem_searched(recordings):
         assert problem.shape not in shapes
         assert len(shapes) == len({p.shape for _, r in same for _, p in r.pairs()}) - 1
     assert bench.fit_kind("model", Path(path).name) == "leave-one-out"
-    assert bench.fit_kind("default", Path(path).name) == "in-sample"
+    assert bench.fit_kind("prior", Path(path).name) == "in-sample"
     assert bench.fit_kind("random", Path(path).name) == "-"
     fresh = next(p for p in RECORDINGS if p.name not in bench.DESIGN_RECORDINGS)
-    assert bench.fit_kind("default", fresh.name) == "not fitted on it"
+    assert bench.fit_kind("prior", fresh.name) == "not fitted on it"
 
 
 def test_held_out_helpers():
@@ -261,3 +266,80 @@ def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, recor
     monkeypatch.setattr(learned, "PENDING_PER_GROUP", 17)  # the rule off
     crowded = _first_window_groups(tmp_path, recordings, "crowded.sqlite")
     assert max(crowded) > per_group, crowded
+
+
+def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
+    """An ask marks the configs already asked for through the trials (a handful), not by a key
+    per accepted config (tens of thousands: ~0.1 s of the tuner's main thread per ask with the
+    GPU waiting, bench/NOTES.md session 15); what it proposes is unchanged (bench/ask_cost.py
+    keeps the digest)."""
+    from tuner.search import learned as learned_module
+    from tuner.search import space
+    from tuner.search.samplers import SearchSpace, make_sampler
+    from tuner.search.study import _accepted_configs
+
+    family = kernels.get_family("vectorized")
+    accepted = _accepted_configs(family, "sm_90")
+    assert len(accepted) > 4000
+    learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
+                                 Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
+    distributions = space.distributions(family)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(
+        "model", 0, SearchSpace(distributions, space.feasibility(family, "sm_90"),
+                                learned=learned)))
+    keys = 0
+    real = learned_module._key
+
+    def counted(*args):
+        nonlocal keys
+        keys += 1
+        return real(*args)
+
+    monkeypatch.setattr(learned_module, "_key", counted)
+    asked = set()
+    for number in range(12):  # past the own start-up: the model is fitted and ranks
+        trial = study.ask(distributions)
+        asked.add(tuple(sorted(trial.params.items())))
+        study.tell(trial, float(number % 5))
+    assert len(asked) == 12  # never the same config twice
+    assert keys < 12 * 30, keys  # the trials', not 4,000 per ask
+
+
+def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypatch):
+    """With an asynchronous evaluator (the GPU measures while the study asks) the model's
+    refits after the first run on a thread: the asks go on with the scores they have, and take
+    the new ones once the refit is done. The first fit (no scores yet) stays on the caller."""
+    import threading
+
+    from tuner.search import costmodel, space
+    from tuner.search.samplers import SearchSpace, make_sampler
+    from tuner.search.study import _accepted_configs
+
+    family = kernels.get_family("vectorized")
+    accepted = _accepted_configs(family, "sm_90")
+    learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
+                                 Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
+    distributions = space.distributions(family)
+    sampler = make_sampler("model", 0, SearchSpace(
+        distributions, space.feasibility(family, "sm_90"), learned=learned), background=True)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    gate, fitted_on = threading.Event(), []
+    real = costmodel.CostModel.fit
+
+    def held(model):
+        fitted_on.append(threading.current_thread().name)
+        if len(fitted_on) > 1:
+            gate.wait(timeout=20)  # the second fit waits until the test lets it go
+        return real(model)
+
+    monkeypatch.setattr(costmodel.CostModel, "fit", held)
+    for number in range(20):
+        trial = study.ask(distributions)
+        study.tell(trial, float(number % 7))
+    assert fitted_on[0] == threading.current_thread().name  # the first: synchronous
+    assert len(fitted_on) == 2 and fitted_on[1].startswith("costmodel-fit")  # one at a time
+    assert sampler.fits == 1 and not gate.is_set()  # 20 asks made while it waited
+    gate.set()
+    sampler._fitting.result(timeout=20)
+    study.tell(study.ask(distributions), 1.0)
+    assert sampler.fits >= 2  # its scores taken at the next ask

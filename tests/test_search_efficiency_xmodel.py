@@ -168,15 +168,15 @@ def test_the_xmodel_row_starts_from_the_other_models_optimum_of_this_problem(pat
     assert measured[0] == theirs and result["warm_from"] == [OTHER]
 
 
-def test_the_cross_model_target_is_half_the_cold_defaults_median():
+def test_the_cross_model_target_is_half_the_cold_prior_set_ups_median():
     bench = search_efficiency()
 
     def row(sampler: str, median: float) -> dict[str, Any]:
         return {"recording": "r", "family": FAMILY, "shape": PROBLEM.shape, "sampler": sampler,
                 "fit": "-", "3%": {"median": median, "p90": median}}
 
-    checks = bench.cross_model_check([row("default", 8), row(bench.XMODEL, 4)])
+    checks = bench.cross_model_check([row("prior", 8), row(bench.XMODEL, 4)])
     assert [(c["ratio"], c["met"]) for c in checks] == [(0.5, True)]
-    assert not bench.cross_model_check([row("default", 8), row(bench.XMODEL, 5)])[0]["met"]
-    assert not bench.cross_model_check([row("default", 8), row(bench.XMODEL, float("inf"))])[0]["met"]
-    assert bench.cross_model_check([row("default", 8), row(bench.WARM, 1)]) == []
+    assert not bench.cross_model_check([row("prior", 8), row(bench.XMODEL, 5)])[0]["met"]
+    assert not bench.cross_model_check([row("prior", 8), row(bench.XMODEL, float("inf"))])[0]["met"]
+    assert bench.cross_model_check([row("prior", 8), row(bench.WARM, 1)]) == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import db
 import kernels
+import numpy as np
 import optuna
 import pytest
 
@@ -19,6 +20,7 @@ from tuner.measure.phases import STARTUP_BG, Phases
 from tuner.problem import Problem
 from tuner.run import session as run_session
 from tuner.search import prior
+from tuner.search.costmodel import matrix
 from tuner.search import prefetch as prefetch_module
 from tuner.search.prefetch import StartupPrefetch
 from tuner.search.study import Budget, Session, _enumerate, _rank
@@ -69,7 +71,7 @@ def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
         assert prefetch.take(BLOCKTILE1D, PROBLEM) is None  # taken once
     assert not _pool_workers()
     assert prepared is not None and session.phases.counts[STARTUP_BG] == 1
-    here = _enumerate(BLOCKTILE1D, "sm_90", PROBLEM, "default")
+    here = _enumerate(BLOCKTILE1D, "sm_90", PROBLEM, "prior")
     ranked, ranking = _rank(BLOCKTILE1D, "sm_90", PROBLEM, here, 132, session.batch,
                             session.seed, COMPILES,
                             prior.compiled_usage(BLOCKTILE1D, "sm_90", tmp_path / "cubins"))
@@ -77,8 +79,37 @@ def test_a_prefetched_startup_is_the_one_the_study_computes(tmp_path):
     assert prepared.ranked == ranked and prepared.ranking.compiled == ranking.compiled == COMPILES
 
 
+def test_the_model_samplers_prior_start_up_is_prepared_ahead_too(tmp_path):
+    """--sampler model (and the default, which is the model where the space is listed) starts
+    from the static prior where it has not learned the family elsewhere: that ranking, with its
+    compiles, is prepared in the process, not on the main thread when the study begins."""
+    for sampler in ("model", "default"):
+        session = _session(_Evaluator(), tmp_path / sampler, sampler=sampler)
+        with StartupPrefetch(session) as prefetch:
+            prefetch.plan([(BLOCKTILE1D, PROBLEM)])
+            prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
+        here, ranked = _fresh(BLOCKTILE1D, tmp_path / sampler, session)
+        assert prepared is not None and prepared.ranked == ranked, sampler
+        assert prepared.ranking.compiled == COMPILES
+        # and the cost model's feature rows of every accepted config, off the main thread
+        assert prepared.features is not None and np.array_equal(
+            prepared.features, matrix(BLOCKTILE1D, here.accepted, PROBLEM,
+                                      prior.Target(132, "sm_90")), equal_nan=True)
+
+
+def test_a_start_up_the_study_will_not_take_from_the_prior_is_enumerated_only(tmp_path):
+    session = _session(_Evaluator(), tmp_path / "cubins", sampler="model")
+    with StartupPrefetch(session) as prefetch:
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)], rank=lambda family, problem: False)
+        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
+    assert prepared is not None and prepared.accepted == _enumerate(
+        BLOCKTILE1D, "sm_90", PROBLEM, "model").accepted
+    assert prepared.ranked is None and prepared.ranking.compiled == 0
+    assert not list((tmp_path / "cubins").glob("*.cubin"))  # nothing compiled
+
+
 def _fresh(family: Any, cache: Path, session: Session) -> tuple[Any, Any]:
-    here = _enumerate(family, "sm_90", PROBLEM, "default")
+    here = _enumerate(family, "sm_90", PROBLEM, "prior")
     ranked, _ = _rank(family, "sm_90", PROBLEM, here, 132, session.batch, session.seed,
                       COMPILES, prior.compiled_usage(family, "sm_90", cache))
     return here, ranked
@@ -113,7 +144,9 @@ def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_
 
 
 def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch):
-    session = _session(_Evaluator(), tmp_path / "cubins", prefetch_startup=True)
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    session = _session(_Evaluator(), tmp_path / "cubins", prefetch_startup=True,
+                       database=database)
     started: list[int] = []
 
     class Interrupted:

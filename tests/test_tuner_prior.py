@@ -204,7 +204,7 @@ def test_the_default_sampler_measures_the_startup_first_then_its_model():
     search_space = SearchSpace(space.distributions(naive), space.feasibility(naive, "sm_90"),
                                [space.params_from_config(naive, c) for c in chosen])
     study = optuna.create_study(direction="maximize",
-                                sampler=make_sampler("default", 0, search_space))
+                                sampler=make_sampler("prior", 0, search_space))
     asked = []
     for number in range(STARTUP_TRIALS + 2):
         trial = study.ask(search_space.distributions)

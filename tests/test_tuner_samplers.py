@@ -84,7 +84,7 @@ def test_after_the_startup_every_second_ask_explores_the_best_group(grouped):
     accepted, groups, positions = grouped
     group_of = {config_key(c): key for key, (_, members) in groups.items() for c in members}
     startup = [space.params_from_config(WARPTILE, c) for c in accepted[:STARTUP_TRIALS]]
-    sampler = make_sampler("default", 0, SearchSpace(
+    sampler = make_sampler("prior", 0, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
     asked = _run(sampler, STARTUP_TRIALS + 2 * GROUP_TRIES + 4)
     assert asked[:STARTUP_TRIALS] == accepted[:STARTUP_TRIALS]
@@ -111,7 +111,7 @@ def test_after_the_startup_every_second_ask_explores_the_best_group(grouped):
 def test_warm_start_trials_do_not_shorten_the_startup(grouped):
     accepted, _, positions = grouped
     warm, chosen = accepted[-2:], accepted[100:100 + STARTUP_TRIALS]
-    sampler = make_sampler("default", 0, SearchSpace(
+    sampler = make_sampler("prior", 0, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"),
         [space.params_from_config(WARPTILE, c) for c in chosen], positions))
     asked = _run(sampler, 2 + STARTUP_TRIALS, warm=warm)
@@ -123,7 +123,7 @@ def test_asks_ahead_of_the_startup_results_continue_down_the_ranked_list(grouped
     prior's next picks, in order, not uniform draws."""
     accepted, _, positions = grouped
     ranked = accepted[200:200 + STARTUP_TRIALS + 5]
-    sampler = make_sampler("default", 0, SearchSpace(
+    sampler = make_sampler("prior", 0, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"),
         [space.params_from_config(WARPTILE, c) for c in ranked], positions))
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -136,7 +136,7 @@ def _proposals_digest(grouped, asks: int, window: int) -> str:
     (constant liar sees RUNNING trials), as a digest."""
     accepted, _, positions = grouped
     startup = [space.params_from_config(WARPTILE, c) for c in accepted[:STARTUP_TRIALS]]
-    sampler = make_sampler("default", 3, SearchSpace(
+    sampler = make_sampler("prior", 3, SearchSpace(
         space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90"), startup, positions))
     study = optuna.create_study(direction="maximize", sampler=sampler)
     ask_cost = bench_module("ask_cost")

@@ -266,7 +266,8 @@ def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(
         assert f"{fraction:.2f}" in table and family.name in table
 
 
-@pytest.mark.parametrize("sampler", ["default", "tpe", "random", "cmaes", "gp"])
+@pytest.mark.parametrize("sampler", ["default", "model", "prior", "hybrid", "tpe", "random",
+                                     "cmaes", "gp"])
 def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, sampler):
     from tuner.search.samplers import missing_packages
 
@@ -279,7 +280,31 @@ def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, samp
     keys = [config_key(c) for _, c, _ in evaluator.calls]
     assert len(keys) == len(set(keys)) == 8
     database, _ = store
-    assert database.get_run(outcome.run_id).sampler == sampler
+    # the run records the set-up it ran: the default is the model on naive's listed space
+    ran = "model" if sampler == "default" else sampler
+    assert database.get_run(outcome.run_id).sampler == ran
+
+
+def test_the_default_sampler_is_the_model_where_the_space_is_listed_else_the_prior_set_up(
+        store, tmp_path, monkeypatch):
+    from tuner.search import study as study_module
+    from tuner.search.learned import ModelSampler
+    from tuner.search.samplers import FeasibleSampler
+
+    database, _ = store
+    session = session_for(store, StandInEvaluator(), batch=2, compile_cache=tmp_path / "c1")
+    listed = study_module.StudyRun(session, NAIVE, P1024,
+                                   Budget(trials=4, timeout_s=None, patience=None), None)
+    assert listed.sampler == "model" and isinstance(listed.study.sampler, ModelSampler)
+    # a space too large to list (split-K's, over a million configs): the prior set-up
+    monkeypatch.setattr(study_module, "ENUMERABLE_SPACE", 10)
+    session = session_for(store, StandInEvaluator(), batch=2, compile_cache=tmp_path / "c2")
+    outcome = run_study(session, NAIVE, P1024, Budget(trials=4, timeout_s=None, patience=None))
+    assert outcome.measured == 4
+    assert database.get_run(outcome.run_id).sampler == "prior"
+    too_large = study_module.StudyRun(session, NAIVE, Problem(512, 512, 512),
+                                      Budget(trials=4, timeout_s=None, patience=None), None)
+    assert too_large.sampler == "prior" and isinstance(too_large.study.sampler, FeasibleSampler)
 
 
 def test_the_prior_ranks_enough_startup_configs_for_the_window(store, monkeypatch):
@@ -315,3 +340,29 @@ def test_a_family_not_offered_on_the_gpus_architecture_gets_no_study(store, capl
     assert all(config in NAIVE.accepted_configs("sm_80") for _, config, _ in evaluator.calls)
     assert any("wgmma skipped" in r.message and "sm_90" in r.message and "sm_80" in r.message
                for r in caplog.records)
+
+
+def test_the_priors_compiles_are_prepared_only_for_studies_that_will_start_from_it(store,
+                                                                                  monkeypatch):
+    """The learned model starts from the static prior only where it has measured nothing of the
+    family on another shape or GPU: a study whose family an earlier shape of the command or the
+    database already holds gets no prior ranking prepared ahead (its compiles would be wasted);
+    the prior set-up always starts from it."""
+    from tuner.run.session import _prior_wanted
+    from tuner.search import study as study_module
+
+    evaluator = StandInEvaluator()
+    run_study(session_for(store, evaluator, batch=2), BLOCKTILE1D, Problem(96, 80, 72),
+              Budget(trials=2, timeout_s=None, patience=None))  # in the database: another shape
+    other = Problem(512, 512, 512)
+    order = [(P1024, NAIVE), (P1024, BLOCKTILE1D), (other, NAIVE), (other, BLOCKTILE1D)]
+
+    def plan(sampler: str) -> list[bool]:
+        wanted = _prior_wanted(session_for(store, evaluator, sampler=sampler), order)
+        return [wanted(family, problem) for problem, family in order]
+
+    assert plan("model") == plan("default") == [True, False, False, False]
+    assert plan("prior") == plan("hybrid") == [True, True, True, True]
+    assert plan("random") == [False] * 4
+    monkeypatch.setattr(study_module, "ENUMERABLE_SPACE", 10)  # the default runs the prior set-up
+    assert plan("default") == [True] * 4

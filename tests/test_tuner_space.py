@@ -68,7 +68,7 @@ def _study_with(sampler: optuna.samplers.BaseSampler) -> optuna.Study:
 def test_the_default_sampler_proposes_only_new_accepted_configs():
     dists = space.distributions(WARPTILE)
     search_space = SearchSpace(dists, space.feasibility(WARPTILE, "sm_90"))
-    sampler = make_sampler("default", 1, search_space)
+    sampler = make_sampler("prior", 1, search_space)
     assert isinstance(sampler, FeasibleSampler)
     study = _study_with(sampler)
     seen = set()
@@ -90,7 +90,7 @@ def test_every_accepted_config_is_proposable_and_the_space_is_then_exhausted():
     dists = space.distributions(family)
     accepted = {config_key(c) for c in family.accepted_configs()}
     search_space = SearchSpace(dists, space.feasibility(family, "sm_90"))
-    study = _study_with(make_sampler("default", 0, search_space))
+    study = _study_with(make_sampler("prior", 0, search_space))
     proposed = set()
     for _ in range(len(accepted)):
         trial = study.ask(dists)

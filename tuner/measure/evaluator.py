@@ -99,8 +99,14 @@ def queue_depth(evaluator: Any) -> int:
     return max(1, int(getattr(evaluator, "queue_depth", 1)))
 
 
+def asynchronous(evaluator: Any) -> bool:
+    """Whether the evaluator measures while its caller goes on (a GPU child): else each
+    evaluation runs inside the call (a replay, the CPU stand-in)."""
+    return hasattr(evaluator, "submit")
+
+
 def submit(evaluator: Any, family: Any, config: dict[str, int], problem: Problem) -> Any:
-    if hasattr(evaluator, "submit"):
+    if asynchronous(evaluator):
         return evaluator.submit(family, config, problem)
     return functools.partial(evaluator.evaluate, family, config, problem)
 

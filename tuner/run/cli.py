@@ -108,10 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop a study after N measured configs without a new best "
                              "(>0.5%% better); 0 turns the rule off (default: %(default)s)")
     parser.add_argument("--sampler", choices=SAMPLERS, default="default",
-                        help="Optuna sampler; 'default' is the tuner's recommended set-up "
-                             "(a start-up ranked by a static prior, then multivariate TPE over the "
-                             "accepted configs; tuner/samplers.py); gp needs torch and scipy, "
-                             "cmaes needs cmaes (default: %(default)s)")
+                        help="how each study proposes configs; 'default' is the tuner's "
+                             "recommended set-up: 'model' (a cost model learned from the "
+                             "results database's other problems and the study's own "
+                             "measurements) where a family's accepted configs can be listed, "
+                             "else 'prior' (a start-up ranked by a static prior, then "
+                             "multivariate TPE over the accepted configs); "
+                             "tuner/search/samplers.py. gp needs torch and scipy, cmaes needs "
+                             "cmaes (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="sampler seed; a resumed study offsets it by its trial count "
                              "(default: %(default)s)")
@@ -206,7 +210,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                          f"{', '.join(too_large)} {'has' if len(too_large) == 1 else 'have'} "
                          f"more than {ENUMERABLE_SPACE:,} configs: name the families with "
                          f"--kernel ({', '.join(listed)} are small enough) or use --sampler "
-                         f"default")
+                         f"default (which runs 'prior' for those)")
     missing = missing_packages(args.sampler)
     if missing and not args.dry_run:
         parser.error(f"argument --sampler: {args.sampler!r} needs the Python package(s) "

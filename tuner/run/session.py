@@ -6,13 +6,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from tuner.measure.evaluator import Baseline
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import Budget, Session, StudyOutcome, StudyRun
+from tuner.search.study import Budget, Session, StudyOutcome, StudyRun, ranks_prior
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,28 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     return baseline
 
 
+def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
+    """``ranks_prior`` for the studies of ``order``: where the learned model will have measured
+    configs of the family on another shape or GPU (an earlier shape's study of this command,
+    or the results database's) it never asks for the prior, whose compiles then need not be
+    prepared. The database is asked (only for a sampler that needs it) for each family's newest
+    runs: a family whose other units are all older is prepared anyway, as every study was before
+    (the study just does not use it)."""
+
+    def measured(family: Any, problem: Problem) -> Iterator[tuple[str, str, str]]:
+        # lazy: ranks_prior looks only as far as it must
+        here = order.index((problem, family))
+        yield from ((session.gpu_name, f.name, p.shape) for p, f in order[:here] if f is family)
+        yield from ((run.gpu_name, run.family, run.problem.shape)
+                    for run in session.database.list_runs(family=family.name) if run.n_trials)
+
+    def wanted(family: Any, problem: Problem) -> bool:
+        return ranks_prior(session.sampler, family, (session.gpu_name, family.name, problem.shape),
+                           measured(family, problem))
+
+    return wanted
+
+
 def tune_all(
     session: Session,
     families: list[Any],
@@ -94,7 +116,8 @@ def tune_all(
         # process's start (spawn, imports) alone took longer than the whole start-up with a
         # warm cache (~5 s of idle GPU before the first answer on the H100; bench/NOTES.md).
         if session.prefetch_startup:
-            prefetch.plan((family, problem) for problem, family in order[1:])
+            prefetch.plan(((family, problem) for problem, family in order[1:]),
+                          _prior_wanted(session, order))
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now."""

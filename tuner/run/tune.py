@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tuner.lifetime import StopRequest
 from tuner.measure.phases import Phases
 from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions)
+from tuner.search.samplers import LEARNING
 from tuner.search.study import Session
 
 
@@ -90,6 +92,12 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
 
     from tuner.run.session import tune_all
 
+    if options.search.sampler in LEARNING:
+        # imported while the main thread waits for the GPU child's first answers (the cuBLAS
+        # baseline), not at the model's first fit mid-study
+        from tuner.search.costmodel import preload
+
+        threading.Thread(target=preload, name="preload-costmodel", daemon=True).start()
     stores = open_stores(options.stores)
     if stores is None:
         return EXIT_USAGE

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -145,13 +146,31 @@ def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:
     return tuple(int(params[n]) for n in names)
 
 
+_fits: ThreadPoolExecutor | None = None
+
+
+def _fit_thread() -> ThreadPoolExecutor:
+    """One thread of the process for background refits (its studies run one at a time)."""
+    global _fits
+    if _fits is None:
+        _fits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="costmodel-fit")
+    return _fits
+
+
 class ModelSampler(optuna.samplers.BaseSampler):
     """See the module's docstring. ``startup``: the static prior's picks (positions), given
-    where the examples hold no other shape of the family (``learns_family``): measured first."""
+    where the examples hold no other shape of the family (``learns_family``): measured first.
+    ``background``: refits after the first run on a thread while the study goes on asking with
+    the scores it has (a refit and its prediction over every accepted config took 0.1-0.4 s of
+    the main thread each, a dozen per study, with the GPU waiting: bench/NOTES.md, session 15);
+    the asks then see a refit a few asks later than a replay (synchronous, the default) does."""
 
     def __init__(self, learned: LearnedSpace, distributions: Mapping[str, BaseDistribution],
-                 startup: Sequence[Mapping[str, int]], seed: int | None) -> None:
+                 startup: Sequence[Mapping[str, int]], seed: int | None,
+                 background: bool = False) -> None:
         self.learned, self.startup = learned, list(startup)
+        self.background = background
+        self._fitting: Future[np.ndarray] | None = None  # a background refit's prediction
         self.rng = random.Random(seed)
         self.seed = seed
         self.varying = {n: d for n, d in distributions.items() if not d.single()}
@@ -185,16 +204,23 @@ class ModelSampler(optuna.samplers.BaseSampler):
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                    if t.number != trial.number]
-        seen = {_key(t.params, names) for t in [*done, *running] if set(names) <= t.params.keys()}
+        # an array over the accepted configs, not a key per config and ask (tens of thousands
+        # of configs: ~0.1 s of the main thread per ask, the GPU idle; bench/NOTES.md, session 15)
+        seen = np.zeros(len(self.learned.configs), dtype=bool)
+        for t in [*done, *running]:
+            if set(names) <= t.params.keys():
+                row = self.index.get(_key(t.params, self.names))
+                if row is not None:
+                    seen[row] = True
         measured = [t for t in done if t.user_attrs.get("state") not in COSTLESS
                     and set(names) <= t.params.keys() and t.value is not None]
-        unseen = [i for i, p in enumerate(self.learned.configs)
-                  if _key(p, names) not in seen]
-        if not unseen:
+        unseen = np.flatnonzero(~seen)  # ascending, as the configs are listed
+        if not len(unseen):
             return {}
         if (self.offline.rows == 0 or self.startup) and len(measured) < STARTUP_TRIALS:
             for params in self.startup:
-                if _key(params, names) not in seen and _key(params, self.names) in self.index:
+                row = self.index.get(_key(params, self.names))
+                if row is not None and not seen[row]:
                     return {n: int(params[n]) for n in names}
             return self._params(self.rng.choice(unseen), names)
         self._refit(measured)
@@ -224,10 +250,15 @@ class ModelSampler(optuna.samplers.BaseSampler):
         return {n: int(self.learned.configs[index][n]) for n in names}
 
     def _refit(self, measured: Sequence[FrozenTrial]) -> None:
-        """Fit offline + own rows when the own ones grew enough since the last fit."""
+        """Fit offline + own rows when the own ones grew enough since the last fit (in the
+        background, one at a time, where so constructed and a fit's scores exist already)."""
+        if self._fitting is not None and self._fitting.done():
+            self.scores, self._fitting = self._fitting.result(), None
+            self.fits += 1
         count = len(measured)
-        if self.fitted_on >= 0 and count < max(self.fitted_on + 2,
-                                               self.fitted_on * REFIT_GROWTH):
+        if self._fitting is not None or (
+                self.fitted_on >= 0 and count < max(self.fitted_on + 2,
+                                                    self.fitted_on * REFIT_GROWTH)):
             return
         model = self.offline.copy()
         rows = [self.index.get(_key(t.params, self.names)) for t in measured]
@@ -239,8 +270,12 @@ class ModelSampler(optuna.samplers.BaseSampler):
             model.add(self.learned.x[rows_ok], values / values.max(), weight)
         if model.rows == 0:
             return
-        self.scores = model.fit().predict(self.learned.x)
         self.fitted_on = count
+        x = self.learned.x
+        if self.background and self.scores is not None:
+            self._fitting = _fit_thread().submit(lambda: model.fit().predict(x))
+            return
+        self.scores = model.fit().predict(x)
         self.fits += 1
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,

@@ -19,7 +19,7 @@ import os
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import kernels
 
@@ -68,14 +68,18 @@ class StartupPrefetch:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._executor: ProcessPoolExecutor | None = None
-        self._queue: deque[tuple[Any, Problem]] = deque()  # to be submitted, in order
+        self._queue: deque[tuple[Any, Problem, bool]] = deque()  # to be submitted, in order
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
 
-    def plan(self, studies: Iterable[tuple[Any, Problem]]) -> None:
+    def plan(self, studies: Iterable[tuple[Any, Problem]],
+             rank: Callable[[Any, Problem], bool] | None = None) -> None:
         """Prepare these studies' start-ups in this order (after those already submitted),
-        replacing the studies planned before and not yet begun."""
-        self._queue = deque((family, problem) for family, problem in studies
+        replacing the studies planned before and not yet begun. ``rank(family, problem)``:
+        whether the study starts from the static prior (``study.ranks_prior``; default: every
+        one whose sampler can), whose ranking is then prepared too."""
+        self._queue = deque((family, problem, True if rank is None else rank(family, problem))
+                            for family, problem in studies
                             if can_prefetch(self.session, family)
                             and (family.name, problem) not in self._jobs)
         self._top_up()
@@ -83,7 +87,7 @@ class StartupPrefetch:
     def _top_up(self) -> None:
         session = self.session
         while self._queue and len(self._jobs) < AHEAD and not self._broken:
-            family, problem = self._queue.popleft()
+            family, problem, rank = self._queue.popleft()
             if self._executor is None:  # its process starts from this (the main) thread
                 self._executor = ProcessPoolExecutor(max_workers=1,
                                                      mp_context=mp.get_context("spawn"),
@@ -95,7 +99,7 @@ class StartupPrefetch:
                 self._jobs[(family.name, problem)] = self._executor.submit(
                     prepare_startup, family.name, session.evaluator.arch(), problem,
                     session.sampler, sm_count, session.batch, session.seed,
-                    session.prior_compiles, cache)
+                    session.prior_compiles, cache, rank)
             except BrokenProcessPool:
                 self._give_up()
 

@@ -13,28 +13,29 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import db
 import kernels
 from kernels.space import enumerate_accepted
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 from tqdm import tqdm
 
 from tuner.lifetime import StopRequest
-from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, collect,
-                                     queue_depth, submit)
+from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, asynchronous,
+                                     collect, queue_depth, submit)
 from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import enumcache, prior, space
-from tuner.search.costmodel import Example
+from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
-                                  learns_family, model_picks, unit_held_out)
-from tuner.search.samplers import (CONSTRAINT, PRIOR_SAMPLERS, STARTUP_TRIALS, SearchSpace,
-                                   make_sampler)
+                                  Unit, learns_family, model_picks, unit_held_out)
+from tuner.search.samplers import (CONSTRAINT, LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP,
+                                   STARTUP_TRIALS, SearchSpace, make_sampler, resolve)
 from tuner.search.warmstart import warm_start_configs
 from tuner.search.writer import StoreWriter, done
 
@@ -191,7 +192,7 @@ def _seed_for(seed: int | None, n_trials: int, shared: bool = False) -> int | No
 
 def enumerable(family: Any) -> bool:
     """Whether a study lists the family's accepted configs (what --sampler model ranks, and
-    what the default's prior groups): its full product of values is at most ENUMERABLE_SPACE."""
+    what the static prior groups): its full product of values is at most ENUMERABLE_SPACE."""
     return math.prod(len(param.values) for param in family.params) <= ENUMERABLE_SPACE
 
 
@@ -205,12 +206,16 @@ class Startup:
     that they can be prepared ahead, while the study before runs (``StartupPrefetch``)."""
 
     accepted: list[dict[str, int]] | None  # every accepted config, where enumerable
-    groups: prior.Groups | None  # the default sampler's geometry groups (tuner.search.prior)
-    # the default sampler's start-up from the static prior, with compiled resources (None: to
-    # be ranked on the main thread: a replay reads the resources its recording holds)
+    groups: prior.Groups | None  # the static prior's geometry groups (tuner.search.prior)
+    # the static prior's start-up (the prior set-up's, and the model's where it has not learned
+    # the family elsewhere), with compiled resources (None: to be ranked on the main thread: a
+    # replay reads the resources its recording holds)
     ranked: list[dict[str, int]] | None = None
     ranking: prior.Ranking = field(default_factory=prior.Ranking)
     seconds: float = 0.0  # CPU wall time it took where prepared ahead
+    # the cost model's feature rows of ``accepted`` on the GPU's SM count, for the samplers that
+    # learn (None: computed on the main thread, 1-2.4 s for pipelined and tf32x3 at 2048³)
+    features: np.ndarray | None = None
 
 
 def _startup_count(batch: int) -> int:
@@ -224,7 +229,7 @@ def _enumerate(family: Any, arch: str, problem: Problem, sampler: str,
     accepted = enumcache.accepted(family, arch, cache_dir,
                                   lambda: _accepted_configs(family, arch))
     groups = (prior.group_configs(family, accepted, problem.m, problem.n, problem.k)
-              if sampler in PRIOR_SAMPLERS and accepted is not None else None)
+              if sampler in RANKED_STARTUP and accepted is not None else None)
     return Startup(accepted, groups)
 
 
@@ -243,18 +248,35 @@ def _rank(family: Any, arch: str, problem: Problem, startup: Startup, sm_count: 
 
 def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
                     batch: int, seed: int | None, prior_compiles: int,
-                    cache_dir: str | None) -> Startup:
+                    cache_dir: str | None, rank: bool = True) -> Startup:
     """A registered family's start-up inputs with the prior's compiles (NVRTC, CUBIN cache):
-    what ``StudyRun`` computes itself when it was not prepared ahead."""
+    what ``StudyRun`` computes itself when it was not prepared ahead. ``rank``: False where
+    the study will not start from the prior (``ranks_prior``): enumerated only."""
     started = time.perf_counter()
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir)
-    if sampler in PRIOR_SAMPLERS and startup.accepted is not None and sm_count >= 1:
+    if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
+        startup.features = matrix(family, startup.accepted, problem, prior.Target(sm_count, arch))
+    if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
     startup.seconds = time.perf_counter() - started
     return startup
+
+
+def ranks_prior(sampler: str, family: Any, unit: Unit, measured: Iterable[Unit]) -> bool:
+    """Whether a study of ``family`` (``unit``: its GPU model, family and shape) starts from the
+    static prior's ranking, so that preparing it ahead is worth the prior's compiles: the prior
+    set-up's always; the model's (the default's, where the space is listed) only where
+    ``measured`` (units with measured configs: the results database's, and this command's
+    studies before it) holds no other unit of the family: else it learns from them
+    (``learns_family``) and never asks for the prior."""
+    if sampler in PRIOR_SAMPLERS or (sampler == "default" and not enumerable(family)):
+        return True
+    if sampler not in RANKED_STARTUP:
+        return False
+    return not any(other[1] == unit[1] and other != unit for other in measured)
 
 
 @dataclass
@@ -300,7 +322,9 @@ class StudyRun:
         self.startup = startup or _enumerate(family, self.arch, problem, session.sampler,
                                              session.compile_cache)
         self.accepted_all = self.startup.accepted
-        # the default sampler's geometry groups (tuner.search.prior), for its start-up and model
+        # what --sampler names, for this family (default: the model where its space is listed)
+        self.sampler = resolve(session.sampler, self.accepted_all is not None)
+        # the static prior's geometry groups (tuner.search.prior): its start-up, the prior TPE
         self.groups = self.startup.groups
 
         self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
@@ -311,29 +335,31 @@ class StudyRun:
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
         resumed = len(history) >= STARTUP_TRIALS
         # hybrid only needs the model for its start-up picks
-        learned = (self._learned() if session.sampler == "model"
-                   or (session.sampler == "hybrid" and not resumed) else None)
+        sampler = self.sampler
+        learned = (self._learned() if sampler == "model"
+                   or (sampler == "hybrid" and not resumed) else None)
         # The model sampler starts from the static prior where its examples hold no other
         # shape of this family (what other families teach it transfers worse than the prior;
         # the hybrid's rule, tuner.search.learned.model_picks).
         wants_startup = (not resumed
-                         and (session.sampler in PRIOR_SAMPLERS
+                         and (sampler in PRIOR_SAMPLERS
                               or (learned is not None
                                   and not learns_family(learned, family.name))))
         startup = self._prior_startup() if wants_startup else []
         picks: list[dict[str, int]] = []
-        if session.sampler == "hybrid" and wants_startup and learned is not None:
+        if sampler == "hybrid" and wants_startup and learned is not None:
             picks = model_picks(learned, family.name, HYBRID_PICKS, session.seed)
             startup = picks + [p for p in startup if p not in picks]
         search_space = SearchSpace(self.distributions, space.feasibility(family, self.arch),
-                                   startup, self._geometry_groups(),
-                                   learned if session.sampler == "model" else None,
+                                   startup,
+                                   self._geometry_groups() if sampler in PRIOR_SAMPLERS else [],
+                                   learned if sampler == "model" else None,
                                    model_picks=len(picks))
         self.study = optuna.create_study(
             direction="maximize",
-            sampler=make_sampler(session.sampler,
+            sampler=make_sampler(sampler,
                                  _seed_for(session.seed, len(history), self.shared.claims),
-                                 search_space),
+                                 search_space, background=asynchronous(session.evaluator)),
         )
         self.known: dict[ConfigKey, _Known] = {}  # numbered as stored
         self.tally = _Tally()
@@ -384,10 +410,11 @@ class StudyRun:
         log.info("%s: the cost model learns from %d measured configs of other problems (%d of "
                  "%s), then from this study's own", self.name, len(examples),
                  sum(e.family == self.family.name for e in examples), self.family.name)
-        return LearnedSpace.build(
-            self.family, self.accepted_all,
-            space.params_from_configs(self.family, self.accepted_all),
-            self.problem, target, examples)
+        positions = space.params_from_configs(self.family, self.accepted_all)
+        if self.startup.features is not None:  # prepared ahead, for the same SM count
+            return LearnedSpace(positions, self.startup.features, examples)
+        return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
+                                  examples)
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The default sampler's start-up, ranked by tuner.search.prior (positions); [] where the
@@ -829,7 +856,7 @@ class StudyRun:
                         dead, session.stale_after_s)
         self.run_id = session.database.start_run(
             gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
-            sampler=session.sampler, seed=session.seed, budget=budget.as_dict(),
+            sampler=self.sampler, seed=session.seed, budget=budget.as_dict(),
             host=session.host, command=session.command, study_name=self.name,
         )
         deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
