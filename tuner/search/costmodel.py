@@ -20,7 +20,6 @@ trees over program features.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -58,7 +57,6 @@ PRIOR_RATE = FEATURES.index("prior_rate")
 # Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
 # under a second on one core, as the sampler refits during a study).
 MAX_ITER = 80
-PREDICT_THREADS = 4  # threads of a prediction (a fit keeps to one: deterministic)
 LEARNING_RATE = 0.1
 MAX_LEAF_NODES = 15
 MIN_SAMPLES_LEAF = 8
@@ -219,9 +217,10 @@ class CostModel:
             raise RuntimeError("the cost model has not been fitted (no examples)")
         from threadpoolctl import threadpool_limits
 
-        # rows are independent: the same predictions on any number of threads (tested), and a
-        # study's refit predicts every accepted config on the main thread (94,500 for tf32x3)
-        with threadpool_limits(min(PREDICT_THREADS, os.cpu_count() or 1)):
+        # one thread: OpenMP's worker threads (GNU libgomp) do not survive a fork, and a process
+        # forked after a multi-threaded prediction hung in its first one (bench/NOTES.md,
+        # session 15); a live study refits on a background thread instead (ModelSampler)
+        with threadpool_limits(1):
             return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
 
 

@@ -19,6 +19,7 @@ what other families teach the model transfers worse than the prior (bench/NOTES.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Collection
@@ -155,6 +156,14 @@ def _fit_thread() -> ThreadPoolExecutor:
     if _fits is None:
         _fits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="costmodel-fit")
     return _fits
+
+
+def _forget_fit_thread() -> None:
+    global _fits
+    _fits = None  # a forked child has no copy of the thread: its own starts when needed
+
+
+os.register_at_fork(after_in_child=_forget_fit_thread)
 
 
 class ModelSampler(optuna.samplers.BaseSampler):
