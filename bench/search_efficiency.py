@@ -105,7 +105,8 @@ WARM = "prior+warm"
 XMODEL = "prior+xmodel"
 # the target checks compare these
 UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, XMODEL)
-CHECKED = ("default", "model", "prior", "hybrid", WARM)  # rows the target check holds against random
+# rows the target check holds against random
+CHECKED = ("default", "model", "prior", "hybrid", WARM)
 # The recordings the prior set-up's constants (tuner.search.prior, GROUP_TRIES, …) were
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
 DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",

@@ -3,8 +3,8 @@
 A study's start-up (``tuner.search.study.Startup``: its accepted configs enumerated, grouped by
 geometry, the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs, where
 the study will start from it, and the learned model's feature rows) is seconds of CPU with the
-GPU idle. It depends on the family, the GPU and the problem only, so
-one child process prepares the command's next studies', in order, while the current one runs
+GPU idle. It depends on the family, the GPU and the problem only, so one child process prepares
+the command's next studies', in order, while the current one runs
 (a study of 80 trials can be over in seconds, before one start-up would be ready): a process,
 not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
 niced, so that the current study's compiles keep the cores they need. Its compiles fill the
@@ -50,10 +50,11 @@ def can_prefetch(session: Session, family: Any) -> bool:
 
 # Start-ups prepared and not yet taken, at most: the process works through the command's
 # studies in order and rests only this far ahead (each holds a family's accepted configs: a
-# shape's eleven about 120 MB at 2048³, and for the model their feature rows, 64 MB more). A whole shape ahead, so that it does not rest while
-# the first study (naive: seconds of GPU work per config, few cheap compiles) leaves cores to
-# spare; with 4 it stopped after blocktile2d's and vectorized's start-ups there. (On a slow
-# host it is busy the whole command anyway: bench/NOTES.md, session 14.)
+# shape's eleven about 120 MB at 2048³, and for the model their feature rows, 64 MB more). A
+# whole shape ahead, so that it does not rest while the first study (naive: seconds of GPU work
+# per config, few cheap compiles) leaves cores to spare; with 4 it stopped after blocktile2d's
+# and vectorized's start-ups there. (On a slow host it is busy the whole command anyway:
+# bench/NOTES.md, session 14.)
 AHEAD = 11
 
 
