@@ -41,10 +41,11 @@ recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's
 (``DESIGN_RECORDINGS``), ``leave-one-out`` for the model's, ``-`` where nothing was fitted
 (random, Optuna's own).
 
-Warm-started rows run the prior set-up with the tuner's own ``warm_start_configs`` on a fresh
-database seeded with recorded optima (as finished runs): ``prior+warm`` (``--warm-start``)
-with the family's optimum on every OTHER problem recorded on the same GPU model;
-``prior+xmodel`` (``--cross-model``, issue 17 part 2) with the family's optimum on every
+Warm-started rows run the tuner's own ``warm_start_configs`` on a fresh database seeded with
+recorded optima (as finished runs): ``prior+warm`` and ``default+warm`` (``--warm-start``; the
+prior set-up, and the default learning leave-one-out as its cold rows do) with the family's
+optimum on every OTHER problem recorded on the same GPU model; ``prior+xmodel``
+(``--cross-model``, issue 17 part 2) runs the prior set-up with the family's optimum on every
 problem each OTHER GPU model's recording holds, the searched one included (what a service that
 tuned that model knows), stored under that model's GPU — nothing of the searched model. Its
 pairs without another model's recording of the family are listed as skipped; its target: median
@@ -99,14 +100,17 @@ COSTLESS = ("rejected", "missing")
 # OTHER recorded problem (real measurements, leave-one-out: never the problem being searched),
 # in a fresh database per run.
 WARM = "prior+warm"
+# The default (the model on every recording) as a service runs it: the same warm start, and the
+# model learning from the other recorded problems (leave-one-out), as the model rows do.
+DEFAULT_WARM = "default+warm"
 # The prior set-up as a service that has tuned other GPU models starts on a new one (issue 17
 # part 2): warm-started from the family's recorded optima of every OTHER GPU model's recordings
 # (the searched problem included, stored under that model's GPU), nothing of the searched model.
 XMODEL = "prior+xmodel"
 # the target checks compare these
-UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, XMODEL)
+UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, DEFAULT_WARM, XMODEL)
 # rows the target check holds against random
-CHECKED = ("default", "model", "prior", "hybrid", WARM)
+CHECKED = ("default", "model", "prior", "hybrid", WARM, DEFAULT_WARM)
 # The recordings the prior set-up's constants (tuner.search.prior, GROUP_TRIES, …) were
 # chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
 DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",
@@ -195,21 +199,25 @@ def run_one(job: Job) -> dict[str, Any]:
     stop = StopRequest()
     evaluator = _StopNearOptimum(replay, optimum * (1 - min(THRESHOLDS)), stop)
     info = replay.info()
-    warm = job.sampler in (WARM, XMODEL)
+    warm = job.sampler in (WARM, DEFAULT_WARM, XMODEL)
     scratch, warm_from = None, []
     if warm:  # a database of its own: only what the row may know, nothing of this problem
         scratch = tempfile.TemporaryDirectory(prefix="gemmtune-warm-", dir=_WORKER["dir"].name)
         database = db.open_database(f"sqlite:///{scratch.name}/warm.sqlite")
-        if job.sampler == WARM:
+        if job.sampler in (WARM, DEFAULT_WARM):
             _seed_other_optima(database, job, info)
         else:
             warm_from = _seed_other_models(database, job)
-    training = training_for(job, str(info["name"])) if job.sampler in LEARNING else None
+    learns = job.sampler in LEARNING or job.sampler == DEFAULT_WARM
+    training = training_for(job, str(info["name"])) if learns else None
+    # the sampler the row runs: a warm row's set-up, else its own name
+    sampler = {WARM: "prior", XMODEL: "prior", DEFAULT_WARM: "default"}.get(job.sampler,
+                                                                            job.sampler)
     session = Session(
         database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
         training=training,
         gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
-        sampler="prior" if warm else job.sampler, seed=job.seed, batch=job.batch, warm_start=warm,
+        sampler=sampler, seed=job.seed, batch=job.batch, warm_start=warm,
         progress=False, command="bench/search_efficiency.py", stop=stop,
         **({} if job.prior_compiles is None else {"prior_compiles": job.prior_compiles}),
     )
@@ -269,7 +277,7 @@ def fit_kind(sampler: str, recording: str, warm_from: list[str] | None = None) -
     which GPU models' optima it started from, ``warm_from``)."""
     if sampler == XMODEL:
         return f"warm-started from {', '.join(warm_from or ['-'])}"
-    if sampler in ("default", "model"):
+    if sampler in ("default", "model", DEFAULT_WARM):
         return "leave-one-out"
     if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the prior set-up's
         return "in-sample" if recording in DESIGN_RECORDINGS else "leave-one-out"
@@ -842,7 +850,7 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace
             caps[(Path(path).name, family, problem.shape)] = cap
             other = tuple(p for p, r in recordings.items()
                           if _gpu_model(r) != model and family in r.families)
-            runs = samplers + ([WARM] if args.warm_start else [])
+            runs = samplers + ([WARM, DEFAULT_WARM] if args.warm_start else [])
             if args.cross_model and other:
                 runs.append(XMODEL)
             elif args.cross_model:
@@ -872,10 +880,11 @@ def main(argv: list[str] | None = None) -> int:
                              "reference points and slow per ask; default and random stay "
                              "uncapped so the target check always has both medians")
     parser.add_argument("--warm-start", action="store_true",
-                        help=f"add a '{WARM}' row per pair: the prior set-up warm-started "
-                             "from the family's recorded optima on the other recorded problems "
-                             "(leave-one-out), as the tuner starts in a service that has tuned "
-                             "other shapes")
+                        help=f"add '{WARM}' and '{DEFAULT_WARM}' rows per pair: the prior "
+                             "set-up and the default (the model, learning leave-one-out) "
+                             "warm-started from the family's recorded optima on the other "
+                             "recorded problems (leave-one-out), as the tuner starts in a "
+                             "service that has tuned other shapes")
     parser.add_argument("--cross-model", action="store_true",
                         help=f"add a '{XMODEL}' row per pair that another GPU model's recording "
                              "holds the family of: the prior set-up warm-started from that "

@@ -70,7 +70,7 @@ def test_first_reach_and_percentiles():
     assert bench._median([1, 3, None]) == 3 and bench._percentile([1, 2, None], 0.9) == float("inf")
 
 
-def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
+def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys, monkeypatch):
     import db
 
     naive = kernels.FAMILIES["naive"]
@@ -90,13 +90,31 @@ def test_warm_rows_start_from_the_other_problems_optima_only(tmp_path, capsys):
         best = database.best(info["name"], 256, 256, 1024, family="naive", nearest=False)
         assert best.params == recording.optimum("naive", problems[1])[0]
 
+    # the default's warm row: the model (learning from the other problem only), warm-started
+    from tuner.search import study as study_module
+
+    sessions = []
+    real = study_module.run_study
+
+    def spy(session, *args, **kwargs):
+        sessions.append(session)
+        return real(session, *args, **kwargs)
+
+    monkeypatch.setattr(study_module, "run_study", spy)
+    row = bench.run_one(bench.Job(path, "naive", problems[0], bench.DEFAULT_WARM, 0, 10, (path,)))
+    monkeypatch.undo()
+    [session] = sessions
+    assert row["sampler"] == bench.DEFAULT_WARM and session.sampler == "default"
+    assert session.warm_start and {e.problem for e in session.training} == {problems[1]}
+
     out = tmp_path / "warm.json"
     assert bench.main(["--recording", path, "--seeds", "2", "--samplers", "default", "random",
                        "--warm-start", "--workers", "1",
                        "--kernel-tuner", "none", "--out", str(out)]) == 0
     document = json.loads(out.read_text())
-    assert {r["sampler"] for r in document["summary"]} == {"default", "random", bench.WARM}
-    assert {c["sampler"] for c in document["target"]} == {"default", bench.WARM}
+    assert {r["sampler"] for r in document["summary"]} == {"default", "random", bench.WARM,
+                                                          bench.DEFAULT_WARM}
+    assert {c["sampler"] for c in document["target"]} == {"default", bench.WARM, bench.DEFAULT_WARM}
     assert f"target ({bench.WARM} <= random/3 at 3%, " in capsys.readouterr().out
 
 

@@ -97,7 +97,7 @@ def test_no_other_gpu_models_recording_reaches_a_plain_rows_warm_start_or_traini
                        "--samplers", "default", "model", "hybrid", "--warm-start",
                        "--cross-model", "--kernel-tuner", "none", "--out", str(out)]) == 0
     h100 = load(H100_PATH).gpu["name"]
-    plain = ("default", "model", "hybrid", bench.WARM)
+    plain = ("default", "model", "hybrid", bench.WARM, bench.DEFAULT_WARM)
     assert {key for key in loaded} == {(s, m) for s in (*plain, bench.XMODEL) for m in (h100, OTHER)}
     for sampler in plain:
         for model in (h100, OTHER):
