@@ -107,6 +107,7 @@ DEFAULT_WARM = "default+warm"
 # part 2): warm-started from the family's recorded optima of every OTHER GPU model's recordings
 # (the searched problem included, stored under that model's GPU), nothing of the searched model.
 XMODEL = "prior+xmodel"
+WARM_SETUPS = {WARM: "prior", DEFAULT_WARM: "default", XMODEL: "prior"}  # what each warm row runs
 # the target checks compare these
 UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, DEFAULT_WARM, XMODEL)
 # rows the target check holds against random
@@ -199,7 +200,8 @@ def run_one(job: Job) -> dict[str, Any]:
     stop = StopRequest()
     evaluator = _StopNearOptimum(replay, optimum * (1 - min(THRESHOLDS)), stop)
     info = replay.info()
-    warm = job.sampler in (WARM, DEFAULT_WARM, XMODEL)
+    warm = job.sampler in WARM_SETUPS
+    sampler = WARM_SETUPS.get(job.sampler, job.sampler)  # the set-up the row runs
     scratch, warm_from = None, []
     if warm:  # a database of its own: only what the row may know, nothing of this problem
         scratch = tempfile.TemporaryDirectory(prefix="gemmtune-warm-", dir=_WORKER["dir"].name)
@@ -208,11 +210,7 @@ def run_one(job: Job) -> dict[str, Any]:
             _seed_other_optima(database, job, info)
         else:
             warm_from = _seed_other_models(database, job)
-    learns = job.sampler in LEARNING or job.sampler == DEFAULT_WARM
-    training = training_for(job, str(info["name"])) if learns else None
-    # the sampler the row runs: a warm row's set-up, else its own name
-    sampler = {WARM: "prior", XMODEL: "prior", DEFAULT_WARM: "default"}.get(job.sampler,
-                                                                            job.sampler)
+    training = training_for(job, str(info["name"])) if sampler in LEARNING else None
     session = Session(
         database=database, evaluator=evaluator, storage=optuna.storages.InMemoryStorage(),
         training=training,

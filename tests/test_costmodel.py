@@ -264,25 +264,33 @@ def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, recor
     assert max(crowded) > per_group, crowded
 
 
-def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
-    """An ask marks the configs already asked for through the trials (a handful), not by a key
-    per accepted config (tens of thousands: ~0.1 s of the tuner's main thread per ask with the
-    GPU waiting, bench/NOTES.md session 15); what it proposes is unchanged (bench/ask_cost.py
-    keeps the digest)."""
-    from tuner.search import learned as learned_module
+def _vectorized_model_study(background: bool = False) -> tuple[optuna.Study, Any]:
+    """A study of vectorized's accepted configs at 2048³ (4,192) with the model sampler on a
+    cold database (no examples), and its distributions."""
     from tuner.search import space
     from tuner.search.samplers import SearchSpace, make_sampler
     from tuner.search.study import _accepted_configs
 
     family = kernels.get_family("vectorized")
     accepted = _accepted_configs(family, "sm_90")
-    assert len(accepted) > 4000
     learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
                                  Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
     distributions = space.distributions(family)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(
-        "model", 0, SearchSpace(distributions, space.feasibility(family, "sm_90"),
-                                learned=learned)))
+    sampler = make_sampler("model", 0, SearchSpace(
+        distributions, space.feasibility(family, "sm_90"), learned=learned),
+        background=background)
+    return optuna.create_study(direction="maximize", sampler=sampler), distributions
+
+
+def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
+    """An ask marks the configs already asked for through the trials (a handful), not by a key
+    per accepted config (tens of thousands: ~0.1 s of the tuner's main thread per ask with the
+    GPU waiting, bench/NOTES.md session 15); what it proposes is unchanged (bench/ask_cost.py
+    keeps the digest)."""
+    from tuner.search import learned as learned_module
+
+    study, distributions = _vectorized_model_study()
+    assert len(study.sampler.learned.configs) > 4000
     keys = 0
     real = learned_module._key
 
@@ -307,18 +315,10 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
     the new ones once the refit is done. The first fit (no scores yet) stays on the caller."""
     import threading
 
-    from tuner.search import costmodel, space
-    from tuner.search.samplers import SearchSpace, make_sampler
-    from tuner.search.study import _accepted_configs
+    from tuner.search import costmodel
 
-    family = kernels.get_family("vectorized")
-    accepted = _accepted_configs(family, "sm_90")
-    learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
-                                 Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
-    distributions = space.distributions(family)
-    sampler = make_sampler("model", 0, SearchSpace(
-        distributions, space.feasibility(family, "sm_90"), learned=learned), background=True)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study, distributions = _vectorized_model_study(background=True)
+    sampler = study.sampler
     gate, fitted_on = threading.Event(), []
     real = costmodel.CostModel.fit
 
@@ -343,18 +343,8 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
 
 def _background_refits(asks: int) -> int:
     """A model sampler refitting in the background over vectorized at 2048³: its fits."""
-    from tuner.search import space
-    from tuner.search.samplers import SearchSpace, make_sampler
-    from tuner.search.study import _accepted_configs
-
-    family = kernels.get_family("vectorized")
-    accepted = _accepted_configs(family, "sm_90")
-    learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
-                                 Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
-    distributions = space.distributions(family)
-    sampler = make_sampler("model", 0, SearchSpace(
-        distributions, space.feasibility(family, "sm_90"), learned=learned), background=True)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study, distributions = _vectorized_model_study(background=True)
+    sampler = study.sampler
     for number in range(asks):
         study.tell(study.ask(distributions), float(number % 7))
     if sampler._fitting is not None:
