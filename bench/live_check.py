@@ -6,7 +6,7 @@
         [--long-trials 150] [--long-timeout 25] [--sampler default] [--gpu 0]
         [--deadline-s 540] [--db URL] [--cache DIR] [--out FILE]
 
-For each shape (default: two that no recording in tests/data/recordings/ holds, so nothing the
+For each shape (default: two that no recording in tuner/recordings/ holds, so nothing the
 default sampler was designed on) and family (default: the speed suite's winners on an H100),
 through the tuner's own code path (``python -m tuner``'s options and ``tuner.run.tune.tune``,
 one GPU child and compile pool for the whole check):
@@ -64,7 +64,7 @@ from db.validate import MAX_LIMIT  # noqa: E402
 
 from bench.throughput import gpu_slug  # noqa: E402
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, GpuUnavailable  # noqa: E402
-from tuner.measure.recording import load  # noqa: E402
+from tuner.measure.recording import BUNDLED_RECORDINGS, load  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 from tuner.run.cli import parse_args  # noqa: E402
@@ -74,7 +74,7 @@ from tuner.search.learned import COSTLESS  # noqa: E402
 from tuner.search.samplers import SAMPLERS  # noqa: E402
 from tuner.search.study import ENUMERABLE_SPACE, enumerable  # noqa: E402
 
-RECORDINGS = ROOT / "tests" / "data" / "recordings"
+RECORDINGS = BUNDLED_RECORDINGS
 # Two shapes no recording holds: one mid-size and uneven in all three, one wide and short.
 DEFAULT_SHAPES = ("1792x2304x1536", "640x5120x2048")
 # The speed suite's winners on an H100 (results/speed-h100.json: wgmma, skinny; before wgmma,

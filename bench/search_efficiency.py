@@ -12,10 +12,10 @@
     python bench/search_efficiency.py --kernel-tuner none      # without them
     # warm start across GPU models (issue 17 part 2), e.g. the H200 warm-started from the H100:
     python bench/search_efficiency.py --samplers prior --cross-model --kernel-tuner none \
-        --recording tests/data/recordings/h200-splitk.json.gz \
-        --recording tests/data/recordings/h100-splitk.json.gz
+        --recording tuner/recordings/h200-splitk.json.gz \
+        --recording tuner/recordings/h100-splitk.json.gz
 
-For every (family, shape) of every recording in tests/data/recordings/ that holds the full
+For every (family, shape) of every recording in tuner/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
 sampler the tuner offers runs the tuner's own search loop (``tuner.search.study.run_study`` with
 ``tuner.search.samplers.make_sampler``) against the replay evaluator, once per seed, from a cold start
@@ -86,7 +86,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.measure.recording import Recording, load  # noqa: E402
+from tuner.measure.recording import BUNDLED_RECORDINGS, Recording, load  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 # LEARNING: they learn from the other recordings (leave-one-out); ``default`` is the model on
@@ -129,7 +129,7 @@ KT_NO_MAX_FEVALS = ("brute_force",)  # refuses the option; it walks the whole sp
 # evaluation and may loop on repeats) is cut after this many served results per config.
 KT_SERVED_PER_CONFIG = 50
 DEFAULT_OUT = ROOT / "bench" / "results" / "search_efficiency.json"
-RECORDINGS = ROOT / "tests" / "data" / "recordings"
+RECORDINGS = BUNDLED_RECORDINGS
 
 
 @dataclass(frozen=True)

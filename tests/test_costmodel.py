@@ -14,14 +14,13 @@ import db
 import kernels
 
 from tuner.measure.record import record_with_evaluator
-from tuner.measure.recording import load
+from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 from tuner.search.costmodel import FEATURES, CostModel, features, matrix
-from tuner.search.learned import (LearnedSpace, examples_from_database,
-                                  examples_from_recordings, model_picks, problem_held_out,
-                                  unit_held_out)
+from tuner.search.learned import (LearnedSpace, examples_for_study, examples_from_database,
+                                  examples_from_recordings, model_picks, problem_held_out)
 from tuner.search.prior import Target
 from tuner.search.study import Budget, Session, run_study
 from bench_support import search_efficiency
@@ -29,7 +28,7 @@ from bench_support import search_efficiency
 pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDINGS = sorted((ROOT / "tests" / "data" / "recordings").glob("*.json.gz"))
+RECORDINGS = sorted(BUNDLED_RECORDINGS.glob("*.json.gz"))
 H100 = Target(132, "sm_90")
 
 
@@ -106,8 +105,8 @@ def test_leave_one_out_never_fits_on_the_problem_searched(recordings):
 def test_held_out_helpers():
     assert problem_held_out("H100", "8x8x8")(("H100", "naive", "8x8x8"))
     assert not problem_held_out("H100", "8x8x8")(("H200", "naive", "8x8x8"))
-    assert unit_held_out(("H100", "naive", "8x8x8"))(("H100", "naive", "8x8x8"))
-    assert not unit_held_out(("H100", "naive", "8x8x8"))(("H100", "smem", "8x8x8"))
+    assert problem_held_out("H100", "8x8x8")(("H100", "smem", "8x8x8"))  # every family
+    assert not problem_held_out("H100", "8x8x8")(("H100", "naive", "8x8x9"))
 
 
 def _replay_study(tmp_path: Path, recording, problem: Problem, training, seed: int = 0,
@@ -140,12 +139,16 @@ def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tm
     assert all(not naive.reject_reasons(t.params, "sm_90") for t in measured)
 
     # the database now holds that study's trials: they are the next study's examples, except
-    # when the unit held out is that study's own
+    # when the problem held out is that study's own
     gpu = replay.info()["name"]
     examples = examples_from_database(database, ["naive"])
     assert len(examples) == 12 and {e.problem for e in examples} == {problems[1]}
     assert examples_from_database(database, ["naive"],
-                                  unit_held_out((gpu, "naive", problems[1].shape))) == []
+                                  problem_held_out(gpu, problems[1].shape)) == []
+
+    # a live study's examples hold out its own shape on its GPU model, of every family
+    assert examples_for_study(database, gpu, problems[1], recordings=True) == []
+    assert len(examples_for_study(database, gpu, problems[0], recordings=True)) == 12
 
     # second study, another problem: examples from the database (Session.training None)
     database.close()
@@ -374,3 +377,50 @@ def test_a_process_forked_after_background_refits_can_refit_too():
         child.kill()
         pytest.fail("the forked child hung in its refits")
     assert child.exitcode == 0 and done.get(timeout=5) >= 2
+
+
+def test_a_live_study_learns_from_the_bundled_recordings_of_its_gpu_model_except_its_shape(
+        tmp_path):
+    """The examples a live study's model learns from (``examples_for_study``) include the
+    bundled recordings of the study's GPU model, and none of its own shape: what the benchmark's
+    leave-one-out rows measured (bench/search_efficiency.py)."""
+    database = db.open_database(f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    cube = Problem(3000, 3000, 3000)  # tf32x3 and pipelined are recorded there on the H100
+    units = {e.unit for e in examples_for_study(database, h100, cube, recordings=True)}
+    assert (h100, "tf32x3", "256x256x16384") in units and (h100, "splitk", "512x384x8192") in units
+    assert not any(shape == cube.shape for _, _, shape in units)
+    assert {gpu for gpu, _, _ in units} == {h100}
+    h200_units = {e.unit for e in examples_for_study(database, h200, cube, recordings=True)}
+    assert h200_units and {gpu for gpu, _, _ in h200_units} == {h200}
+    assert examples_for_study(database, h100, cube, recordings=False) == []
+    assert examples_for_study(database, "NVIDIA A100-SXM4-80GB", cube, recordings=True) == []
+    database.close()
+
+
+def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
+    """What the prefetch compiles ahead (``first_picks``) is what the sampler's first asks take
+    with nothing measured: its best scores, spread over geometry groups (uniform asks off)."""
+    from tuner.search import learned as learned_module
+    from tuner.search import space
+    from tuner.search.learned import first_picks
+    from tuner.search.samplers import SearchSpace, make_sampler
+    from tuner.search.study import _accepted_configs
+
+    monkeypatch.setattr(learned_module, "EPSILON", 0.0)
+    family = kernels.get_family("vectorized")
+    problem = Problem(1536, 1792, 2048)  # no recording holds it
+    accepted = _accepted_configs(family, "sm_90")
+    positions = space.params_from_configs(family, accepted)
+    examples = [e for e in examples_from_recordings(recordings) if e.gpu.startswith("NVIDIA H100")]
+    learned = LearnedSpace.build(family, accepted, positions, problem, Target(132, "sm_90"),
+                                 examples)
+    sampler = make_sampler("model", 3, SearchSpace(
+        space.distributions(family), space.feasibility(family, "sm_90"), learned=learned))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    asked = [study.ask(space.distributions(family)).params for _ in range(17)]  # none told
+    assert sampler.scores is not None
+    picks = first_picks(learned.x, sampler.scores, 17)
+    assert asked == [positions[row] for row in picks]
+    groups = learned_module.geometry_groups(learned.x)[picks]
+    assert max(np.unique(groups, return_counts=True)[1]) == learned_module.PENDING_PER_GROUP

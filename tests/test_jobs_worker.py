@@ -1,5 +1,5 @@
 """``python -m tuner --worker`` without a GPU: the replay backend answers from the real H100
-recording in tests/data/recordings, jobs come through the real API and land in a real SQLite file.
+recording in tuner/recordings, jobs come through the real API and land in a real SQLite file.
 
 In process: claiming, running, failing with a reason, --once, --max-jobs. As whole commands in
 their own processes: SIGTERM hands the job back (exit 130), and a worker killed outright leaves
@@ -23,9 +23,10 @@ from api import create_app
 from db.testing import BACKENDS, PG_MISSING, postgres_available, scratch_url
 from tuner.run.cli import main
 from tuner.run.options import EXIT_INTERRUPTED, EXIT_OK
+from tuner.measure.recording import BUNDLED_RECORDINGS
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDING = ROOT / "tests/data/recordings/h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
 H100 = "NVIDIA H100 80GB HBM3"  # the recording's GPU
 TOKEN = "worker-test-token"
 

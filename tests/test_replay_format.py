@@ -1,7 +1,7 @@
 """Recording files: save/load round trip, what the header says, and clear errors for bad files.
 
 The recordings made here are TEST FIXTURES from the analytic stand-in evaluator (no GPU); real
-ones live in tests/data/recordings/ and are checked at the end when there are any."""
+ones live in tuner/recordings/ and are checked at the end when there are any."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import kernels
 import pytest
 
 from tuner.measure.record import choose_configs, parse_grid, record_with_evaluator
-from tuner.measure.recording import RESULT_FIELDS, RecordingError, from_json, load
+from tuner.measure.recording import BUNDLED_RECORDINGS, RESULT_FIELDS, RecordingError, from_json, load
 from tuner.measure.testing import StandInEvaluator, model_gflops
 from tuner.problem import Problem
 
 NAIVE = kernels.FAMILIES["naive"]
 BLOCKTILE1D = kernels.FAMILIES["blocktile1d"]
 P1, P2 = Problem(256, 256, 256), Problem(512, 128, 1024)
-RECORDINGS = Path(__file__).parent / "data" / "recordings"
+RECORDINGS = BUNDLED_RECORDINGS
 
 
 def _fault(config: dict[str, int]) -> str | None:

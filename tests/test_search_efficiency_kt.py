@@ -12,7 +12,7 @@ from pathlib import Path
 import kernels
 import pytest
 
-from tuner.measure.recording import (FamilyHeader, ProblemRecording, RecordedResult, Recording,
+from tuner.measure.recording import (BUNDLED_RECORDINGS, FamilyHeader, ProblemRecording, RecordedResult, Recording,
                                      Selection, load)
 from tuner.problem import Problem
 from bench_support import search_efficiency
@@ -20,7 +20,7 @@ from bench_support import search_efficiency
 kernel_tuner = pytest.importorskip("kernel_tuner")
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "tests" / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
+SOURCE = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
 FAMILY, PROBLEM = "vectorized", Problem(1024, 1024, 1024)
 NARROW = {"BM": (64, 128), "BN": (64, 128)}
 

@@ -14,13 +14,13 @@ import db
 import kernels
 import pytest
 
-from tuner.measure.recording import RecordedResult, Recording, load
+from tuner.measure.recording import BUNDLED_RECORDINGS, RecordedResult, Recording, load
 from tuner.problem import Problem
 from tuner.search.warmstart import warm_start_configs
 from bench_support import search_efficiency
 
 ROOT = Path(__file__).resolve().parents[1]
-H100_PATH = ROOT / "tests" / "data" / "recordings" / "h100-tf32x3-kheavy.json.gz"
+H100_PATH = BUNDLED_RECORDINGS / "h100-tf32x3-kheavy.json.gz"
 FAMILY, PROBLEM = "tf32x3", Problem(256, 256, 16384)
 OTHER = "NVIDIA H200 (test)"
 

@@ -16,7 +16,7 @@ import pytest
 from api.schemas import TrialOut
 from tuner.measure import evaluator
 from tuner.measure.evaluator import Measurement
-from tuner.measure.recording import GPU_FIELDS, RECORDED_STATES, RESULT_FIELDS, RecordedResult, load
+from tuner.measure.recording import BUNDLED_RECORDINGS, GPU_FIELDS, RECORDED_STATES, RESULT_FIELDS, RecordedResult, load
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = [f.name for f in db.TRIAL_RESULT]
@@ -70,7 +70,7 @@ def test_the_recording_format_holds_the_result_plus_its_relative_error():
     assert list(GPU_FIELDS) == [f.name for f in dataclasses.fields(db.GpuInfo)]
 
 
-@pytest.mark.parametrize("path", sorted([*(ROOT / "tests/data/recordings").glob("*.json.gz"),
+@pytest.mark.parametrize("path", sorted([*BUNDLED_RECORDINGS.glob("*.json.gz"),
                                          *(ROOT / "bench/data").glob("*.json.gz")]),
                          ids=lambda p: p.name)
 def test_recordings_on_disk_still_load_into_trial_records(path):

@@ -11,6 +11,7 @@ import numpy as np
 
 from tuner.search import enumcache
 from tuner.search.study import _accepted_configs
+from tuner.measure.recording import BUNDLED_RECORDINGS
 
 VECTORIZED = kernels.get_family("vectorized")
 
@@ -76,7 +77,7 @@ def test_a_recorded_grid_enumerates_to_the_filtered_product_of_its_narrowed_valu
 
     from tuner.measure.replay import ReplayEvaluator
 
-    recording = Path(__file__).parent / "data" / "recordings" / "h100-tf32x3.json.gz"
+    recording = BUNDLED_RECORDINGS / "h100-tf32x3.json.gz"
     family = ReplayEvaluator.open(recording).family(kernels.get_family("tf32x3"))
     names = [p.name for p in family.params]
     product = [dict(zip(names, values))

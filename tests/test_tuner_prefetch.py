@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import time
 from pathlib import Path
 from typing import Any
 
 import db
 import kernels
+from kernels.compiler import cached_config
 import numpy as np
 import optuna
 import pytest
@@ -23,7 +25,11 @@ from tuner.search import prior
 from tuner.search.costmodel import matrix
 from tuner.search import prefetch as prefetch_module
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import Budget, Session, _enumerate, _rank
+from tuner.measure.recording import BUNDLED_RECORDINGS, load
+from tuner.search import space
+from tuner.search.learned import (LearnedSpace, ModelSampler, capped, examples_from_recordings,
+                                  first_picks)
+from tuner.search.study import Budget, Session, _enumerate, _rank, _seed_for
 
 BLOCKTILE1D = kernels.get_family("blocktile1d")  # 284 accepted configs, one group each
 NAIVE = kernels.get_family("naive")
@@ -51,7 +57,9 @@ class _Evaluator:
 
 
 def _session(evaluator: Any, cache: Path, **fields: Any) -> Session:
-    defaults: dict[str, Any] = dict(database=None, storage=None, gpu_id=1, phases=Phases())
+    # training: the model's examples of other problems (none here: no database to read)
+    defaults: dict[str, Any] = dict(database=None, storage=None, gpu_id=1, phases=Phases(),
+                                    training=[])
     return Session(evaluator=evaluator, gpu_name="test", batch=4, seed=7, progress=False,
                    prior_compiles=COMPILES, compile_cache=cache, **(defaults | fields))
 
@@ -181,8 +189,9 @@ def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,
         summary = run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
                                        Budget(trials=2, timeout_s=60, patience=None))
         assert len(summary.outcomes) == 2
-        # the second study's start-up prepared ahead; the first computes its own
-        assert evaluator.phases.counts.get(STARTUP_BG, 0) == (1 if prefetch else 0)
+        # both start-ups prepared ahead: the second in the process, the first on a thread
+        # beside the baseline
+        assert evaluator.phases.counts.get(STARTUP_BG, 0) == (2 if prefetch else 0)
     assert not _pool_workers()
     database.close()
     return [r.getMessage().split(" in ")[0] + r.getMessage().split("):")[1]
@@ -193,3 +202,73 @@ def test_tune_all_prepares_the_next_start_up_ahead_with_the_same_result(tmp_path
     ahead = _startups_logged(tmp_path, "ahead", True, caplog)
     here = _startups_logged(tmp_path, "here", False, caplog)
     assert len(ahead) == 2 and ahead == here
+
+
+def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_itself(tmp_path):
+    """Where the model learns the family from other problems, its first fit (0.4-1.2 s of the
+    main thread per study at 2048³) is made in the process: the scores the sampler starts from
+    are those its first ask would have fitted; a study whose examples differ (the command
+    measured another shape since) or whose seed differs fits on its own."""
+    skinny = kernels.get_family("skinny")
+    problem = Problem(9, 4096, 2048)  # no recording holds it
+    examples = examples_from_recordings([load(BUNDLED_RECORDINGS / "h100-skinny.json.gz")])
+    session = _session(_Evaluator(), tmp_path / "cubins", sampler="default", training=examples)
+    with StartupPrefetch(session) as prefetch:
+        prefetch.plan([(skinny, problem)], rank=lambda family, problem: False)
+        prepared = prefetch.take(skinny, problem)
+        assert prepared is not None and prepared.fitted is not None
+        assert prepared.fitted.scores is not None and len(prepared.fitted.scores) == len(
+            prepared.accepted)
+        # and the model's first window (batch 4) is being compiled in the process, niced
+        picks = [prepared.accepted[row] for row in
+                 first_picks(prepared.features, prepared.fitted.scores, session.batch)]
+        deadline = time.monotonic() + 120
+        while (time.monotonic() < deadline
+               and not all(cached_config(skinny, c, "sm_90", tmp_path / "cubins") for c in picks)):
+            time.sleep(0.2)
+    assert len(picks) == 4 and all(cached_config(skinny, c, "sm_90", tmp_path / "cubins")
+                                   for c in picks)
+    assert len(list((tmp_path / "cubins").rglob("*.cubin"))) == 4  # nothing else
+
+    positions = space.params_from_configs(skinny, prepared.accepted)
+    distributions = space.distributions(skinny)
+    kept = capped(examples, "skinny", seed=session.seed)
+    seed = _seed_for(session.seed, 0)
+    ahead = ModelSampler(LearnedSpace(positions, prepared.features, kept, prepared.fitted),
+                         distributions, [], seed)
+    here = ModelSampler(LearnedSpace(positions, prepared.features, kept), distributions, [], seed)
+    assert here.scores is None
+    here._refit([])  # what its first ask does
+    assert ahead.scores is not None and np.array_equal(ahead.scores, here.scores)
+    assert (ahead.fits, ahead.fitted_on) == (here.fits, here.fitted_on) == (1, 0)
+
+    with pytest.raises(ValueError, match="other examples or another seed"):
+        ModelSampler(LearnedSpace(positions, prepared.features, kept[:-1], prepared.fitted),
+                     distributions, [], seed)
+    with pytest.raises(ValueError, match="other examples or another seed"):
+        ModelSampler(LearnedSpace(positions, prepared.features, kept, prepared.fitted),
+                     distributions, [], seed + 1)
+
+
+def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp_path, caplog):
+    """Two shapes of one family in one command: the second study's start-up was prepared while
+    the database held nothing; by its start the first shape's trials are examples too, so the
+    prepared fit is set aside and the study fits on what it reads now."""
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
+                       backend="tuner.testing") as evaluator, \
+            caplog.at_level(logging.INFO, logger="tuner.search.study"):
+        info = evaluator.info()
+        session = _session(evaluator, tmp_path / "cubins", prefetch_startup=True,
+                           database=database, storage=optuna.storages.RDBStorage(database.url),
+                           warm_start=False, gpu_id=database.ensure_gpu(db.GpuInfo(**info)),
+                           phases=evaluator.phases, training=None, sampler="default")
+        summary = run_session.tune_all(session, [NAIVE], [PROBLEM, Problem(192, 160, 128)],
+                                       Budget(trials=6, timeout_s=60, patience=None))
+    database.close()
+    assert [o.measured for _, _, o in summary.outcomes] == [6, 6]
+    assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
+    assert any("fit prepared ahead is of other examples" in r.getMessage()
+               for r in caplog.records)
+    assert any("learns from 6 measured configs of other problems (6 of naive)" in r.getMessage()
+               for r in caplog.records)

@@ -18,9 +18,10 @@ from tuner.problem import Problem, config_key
 from tuner.search import prior, space
 from tuner.search.samplers import STARTUP_TRIALS, SearchSpace, make_sampler
 from tuner.search.study import _accepted_configs
+from tuner.measure.recording import BUNDLED_RECORDINGS
 
 H100 = prior.Target(sm_count=132, arch="sm_90")
-RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
 
 
 def _geom(blocks: int, threads: int = 128, tile: tuple[int, int] = (64, 64)) -> prior.Geometry:

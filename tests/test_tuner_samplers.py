@@ -12,6 +12,7 @@ import kernels
 import optuna
 import pytest
 
+from tuner.measure.recording import BUNDLED_RECORDINGS
 from tuner.measure.replay import ReplayEvaluator
 from tuner.problem import config_key
 from tuner.search import prior, space
@@ -20,7 +21,7 @@ from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, F
                             _seen,
                             SearchSpace, make_sampler)
 
-RECORDING = Path(__file__).parent / "data" / "recordings" / "h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
 # warptile narrowed to the recorded grid: 602 accepted configs in 34 geometry groups at 2048³
 WARPTILE = ReplayEvaluator.open(RECORDING).family(kernels.get_family("warptile"))
 SHAPE = (2048, 2048, 2048)

@@ -366,3 +366,43 @@ def test_the_priors_compiles_are_prepared_only_for_studies_that_will_start_from_
     assert plan("random") == [False] * 4
     monkeypatch.setattr(study_module, "ENUMERABLE_SPACE", 10)  # the default runs the prior set-up
     assert plan("default") == [True] * 4
+
+
+H100 = "NVIDIA H100 80GB HBM3"  # the GPU model of most bundled recordings
+
+
+def test_a_live_run_learns_each_family_the_bundled_recordings_of_its_gpu_model_hold(store):
+    """The bundled recordings of the session's GPU model are examples like the database's: a
+    family they hold at another shape starts from the model, not the prior (whose compiles are
+    then never prepared); a replay (its recording may be a bundled one) does not learn from
+    them, nor does a GPU model that has none."""
+    from tuner.run.session import _prior_wanted
+    from tuner.run.tune import Stores, new_session
+    from tuner.run.options import SearchOptions
+    from tuner.measure.replay import ReplayEvaluator
+    from tuner.measure.recording import BUNDLED_RECORDINGS
+
+    database, storage = store
+    tf32x3, warptile = kernels.FAMILIES["tf32x3"], kernels.FAMILIES["warptile"]
+    square, recorded = Problem(1792, 2304, 1536), Problem(2048, 2048, 2048)
+    order = [(square, NAIVE), (square, tf32x3), (recorded, warptile)]
+
+    def plan(gpu_name: str, recordings: bool) -> list[bool]:
+        session = Session(database=database, evaluator=StandInEvaluator(), storage=storage,
+                          gpu_id=1, gpu_name=gpu_name, progress=False,
+                          learn_from_recordings=recordings)
+        wanted = _prior_wanted(session, order)
+        return [wanted(family, problem) for problem, family in order]
+
+    # warptile at 2048³: its own recorded shape is held out, its 1024³ and 1023x1025x999 are not
+    assert plan(H100, True) == [True, False, False]
+    assert plan(H100, False) == plan("Stand-in GPU", True) == [True, True, True]
+
+    stores = Stores(database, storage, False, 30.0, 300.0)
+
+    def learns(evaluator) -> bool:
+        return new_session(stores, evaluator, (1, H100), SearchOptions(), compile_cache=None,
+                           command="test", stop=StopRequest()).learn_from_recordings
+
+    assert learns(StandInEvaluator())
+    assert not learns(ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-tf32x3.json.gz"))

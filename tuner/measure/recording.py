@@ -23,6 +23,10 @@ File: gzip-compressed JSON (``*.json.gz``; plain ``*.json`` is read too). Layout
 A config is stored as its values in the family's parameter order; names appear once, in the
 family header. ``selection`` says how the configs were chosen: the full accepted space of the
 grid, or a uniform sample of N of its M accepted configs with seed S.
+
+The recordings made on this project's GPU hosts ship with the package (``BUNDLED_RECORDINGS``):
+the benchmarks replay them, and a live study's cost model learns from those of its GPU model
+(``bundled``), as the benchmark's leave-one-out rows do from the others.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import gzip
 import json
 import math
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
@@ -56,6 +61,10 @@ RESULT_FIELDS = (
     "sm_clock_mhz", "rel_error", "registers", "shared_bytes", "spill_bytes", "occupancy",
     "compile_seconds",
 )
+
+# The recordings that ship with the package (made with ``python -m tuner.record`` on the GPU
+# hosts; the benchmarks' data and the live cost model's examples).
+BUNDLED_RECORDINGS = Path(__file__).resolve().parent.parent / "recordings"
 
 GPU_FIELDS = ("name", "uuid", "compute_capability", "sm_count", "memory_bytes",
               "max_sm_clock_mhz", "driver_version", "cuda_version", "nvrtc_version")
@@ -417,3 +426,14 @@ def load(path: str | Path) -> Recording:
         raise RecordingError(f"{path}: not a gzip-compressed or plain JSON recording "
                              f"({error})") from None
     return from_json(data, str(path))
+
+
+@lru_cache(maxsize=1)
+def _all_bundled() -> tuple[Recording, ...]:
+    return tuple(load(path) for path in sorted(BUNDLED_RECORDINGS.glob("*.json.gz")))
+
+
+def bundled(gpu_name: str) -> list[Recording]:
+    """The bundled recordings made on this GPU model (by its name, as the driver reports it);
+    loaded once per process (0.13 s for all of them)."""
+    return [r for r in _all_bundled() if r.gpu.get("name") == gpu_name]

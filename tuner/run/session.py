@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from tuner.measure.evaluator import Baseline
+from tuner.measure.recording import bundled
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.search.prefetch import StartupPrefetch
@@ -72,7 +73,7 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
 def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
     """``ranks_prior`` for the studies of ``order``: where the learned model will have measured
     configs of the family on another shape or GPU (an earlier shape's study of this command,
-    or the results database's) it never asks for the prior, whose compiles then need not be
+    a bundled recording of this GPU model, or the results database's) it never asks for the prior, whose compiles then need not be
     prepared. The database is asked (only for a sampler that needs it) for each family's newest
     runs: a family whose other units are all older is prepared anyway, as every study was before
     (the study just does not use it)."""
@@ -81,6 +82,9 @@ def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
         # lazy: ranks_prior looks only as far as it must
         here = order.index((problem, family))
         yield from ((session.gpu_name, f.name, p.shape) for p, f in order[:here] if f is family)
+        if session.learn_from_recordings and session.training is None:
+            yield from ((session.gpu_name, f, p.shape) for r in bundled(session.gpu_name)
+                        for f, p in r.pairs() if f == family.name and p != problem)
         yield from ((run.gpu_name, run.family, run.problem.shape)
                     for run in session.database.list_runs(family=family.name) if run.n_trials)
 
@@ -112,12 +116,15 @@ def tune_all(
     started = time.monotonic()
     order = [(problem, family) for problem in problems for family in families]
     with StartupPrefetch(session) as prefetch:
-        # All but the first, in order: the first study computes its own start-up, since the
-        # process's start (spawn, imports) alone took longer than the whole start-up with a
-        # warm cache (~5 s of idle GPU before the first answer on the H100; bench/NOTES.md).
-        if session.prefetch_startup:
-            prefetch.plan(((family, problem) for problem, family in order[1:]),
-                          _prior_wanted(session, order))
+        # All but the first in the process, in order: its start (spawn, imports) alone took
+        # longer than the whole start-up with a warm cache (~5 s of idle GPU before the first
+        # answer on the H100; bench/NOTES.md); the first on a thread, beside the baseline.
+        if session.prefetch_startup and order:
+            wanted = _prior_wanted(session, order)
+            first_problem, first_family = order[0]
+            prefetch.prepare_here(first_family, first_problem,
+                                  wanted(first_family, first_problem))
+            prefetch.plan(((family, problem) for problem, family in order[1:]), wanted)
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now."""

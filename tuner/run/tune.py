@@ -83,6 +83,8 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         phases=getattr(evaluator, "phases", None) or Phases(),
         # a live evaluator (it has a compile pool): a GPU waits while a study starts up
         prefetch_startup=hasattr(evaluator, "pool"),
+        # a replay answers from a recording, perhaps a bundled one: it must not learn from it
+        learn_from_recordings=getattr(evaluator, "recording", None) is None,
     )
 
 

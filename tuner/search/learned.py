@@ -24,6 +24,7 @@ import random
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -68,11 +69,6 @@ def problem_held_out(gpu: str, shape: str) -> HeldOut:
     return lambda unit: unit[0] == gpu and unit[2] == shape
 
 
-def unit_held_out(held: Unit) -> HeldOut:
-    """One (GPU model, family, shape): a live study's own, which reach it as its trials."""
-    return lambda unit: unit == held
-
-
 def arch_of(compute_capability: str) -> str:
     """'9.0' → 'sm_90'."""
     return "sm_" + compute_capability.replace(".", "")
@@ -111,6 +107,28 @@ def examples_from_database(database: Any, families: Collection[str],
     return examples
 
 
+def examples_for_study(database: Any, gpu: str, problem: Problem, recordings: bool
+                       ) -> list[Example]:
+    """What a live study's model learns from: every measured trial the results database holds
+    and (``recordings``) the bundled recordings of its GPU model (``tuner.measure.recording.
+    bundled``), except those of its own shape on its GPU model, of every family: the unit the
+    benchmark holds out (``problem_held_out``), so that the live model is the one
+    bench/search_efficiency.py measured, and so that it depends on nothing the command measures
+    at that shape (its fit can be prepared ahead, ``tuner.search.prefetch``)."""
+    examples = examples_from_database(database, list(kernels.FAMILIES),
+                                      problem_held_out(gpu, problem.shape))
+    if recordings:
+        examples += _bundled_examples(gpu, problem.shape)
+    return examples
+
+
+@lru_cache(maxsize=16)
+def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
+    from tuner.measure.recording import bundled
+
+    return tuple(examples_from_recordings(bundled(gpu), problem_held_out(gpu, shape)))
+
+
 def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
            seed: int | None = 0) -> list[Example]:
     """At most ``limit`` examples, the family's own first, then a seeded sample of the others:
@@ -126,14 +144,75 @@ def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
     return own + rng.sample(others, limit - len(own))
 
 
+def geometry_groups(x: np.ndarray) -> np.ndarray:
+    """Each config's geometry group (``prior.Geometry.key``: block tile, threads, split, shared
+    memory) as a number, from its feature row."""
+    columns = [FEATURES.index(name) for name in GROUP_FEATURES]
+    _, group = np.unique(x[:, columns], axis=0, return_inverse=True)
+    return group.reshape(-1)
+
+
+def first_picks(x: np.ndarray, scores: np.ndarray, count: int) -> list[int]:
+    """The rows the model's first ``count`` asks take when nothing is measured yet: the best
+    scores, at most ``PENDING_PER_GROUP`` of one geometry group (``ModelSampler._spread_best``;
+    the uniform asks, one in 1/EPSILON, aside). What the prefetch compiles ahead."""
+    group = geometry_groups(x)
+    picks: list[int] = []
+    waiting: dict[int, int] = {}
+    for row in np.argsort(-scores, kind="stable"):
+        if waiting.get(group[row], 0) < PENDING_PER_GROUP:
+            picks.append(int(row))
+            waiting[group[row]] = waiting.get(group[row], 0) + 1
+            if len(picks) == count:
+                break
+    return picks
+
+
+FitKey = tuple[int, tuple[tuple[Unit, int], ...]]
+
+
+def fit_key(seed: int | None, examples: Sequence[Example]) -> FitKey:
+    """What a fit on examples of other problems depends on: the model's seed and the examples
+    (by unit and count: a unit's measurements only grow, and the fit reads all of them)."""
+    counts: dict[Unit, int] = {}
+    for example in examples:
+        counts[example.unit] = counts.get(example.unit, 0) + 1
+    return CostModel(seed).seed, tuple(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class PreparedFit:
+    """The model sampler's first fit, made ahead (``tuner.search.prefetch``): the examples of
+    other problems as rows (``offline``) and, where they hold the family, the scores of every
+    accepted config (a study's first asks read them). 0.4-1.2 s of CPU per study at 2048³
+    (bench/NOTES.md, session 16) that the main thread, with the GPU idle, no longer spends."""
+
+    key: FitKey
+    offline: CostModel
+    scores: np.ndarray | None
+
+
+def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: int | None
+                ) -> PreparedFit:
+    """What ``ModelSampler`` computes at its first ask from these examples (``x``: the feature
+    rows of the study's accepted configs)."""
+    offline = CostModel(seed)
+    offline.add_examples(examples)
+    scores = (offline.copy().fit().predict(x)
+              if offline.rows and any(e.family == family for e in examples) else None)
+    return PreparedFit(fit_key(seed, examples), offline, scores)
+
+
 @dataclass(frozen=True)
 class LearnedSpace:
     """What the model sampler needs beyond ``SearchSpace``: every accepted config (positions,
-    every parameter) with its feature row, and the examples of other problems."""
+    every parameter) with its feature row, and the examples of other problems; ``fitted``: its
+    first fit on them, where made ahead for the same examples and seed."""
 
     configs: Sequence[Mapping[str, int]]
     x: np.ndarray
     examples: Sequence[Example]
+    fitted: PreparedFit | None = None
 
     @classmethod
     def build(cls, family: Any, accepted: Sequence[Mapping[str, int]],
@@ -185,18 +264,24 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.varying = {n: d for n, d in distributions.items() if not d.single()}
         self.constants = {n: d.low for n, d in distributions.items()  # type: ignore[attr-defined]
                           if d.single()}
-        self.offline = CostModel(seed)
-        self.offline.add_examples(learned.examples)
+        fitted = learned.fitted
+        if fitted is not None and fitted.key != fit_key(seed, learned.examples):
+            raise ValueError("the prepared fit is of other examples or another seed")
+        if fitted is None:
+            self.offline = CostModel(seed)
+            self.offline.add_examples(learned.examples)
+        else:
+            self.offline = fitted.offline
         self.names = list(self.varying)
         self.index = {_key(p, self.names): i for i, p in enumerate(learned.configs)}
-        # each accepted config's geometry group (prior.Geometry.key: block tile, threads, split,
-        # shared memory), for spreading the asks made before their results come back
-        columns = [FEATURES.index(name) for name in GROUP_FEATURES]
-        _, self.group = np.unique(learned.x[:, columns], axis=0, return_inverse=True)
-        self.group = self.group.reshape(-1)
+        # for spreading the asks made before their results come back
+        self.group = geometry_groups(learned.x)
         self.scores: np.ndarray | None = None
         self.fitted_on = -1  # own measurements in the last fit (-1: none yet)
         self.fits = 0
+        if fitted is not None and fitted.scores is not None:
+            # as the first ask's fit (no own measurements yet) would have left it
+            self.scores, self.fitted_on, self.fits = fitted.scores, 0, 1
 
     def reseed_rng(self) -> None:
         self.rng.seed()

@@ -2,8 +2,8 @@
 
 A study's start-up (``tuner.search.study.Startup``: its accepted configs enumerated, grouped by
 geometry, the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs, where
-the study will start from it, and the learned model's feature rows) is seconds of CPU with the
-GPU idle. It depends on the family, the GPU and the problem only, so one child process prepares
+the study will start from it, and the learned model's feature rows and first fit) is seconds of
+CPU with the GPU idle. It depends on the family, the GPU and the problem only, so one child process prepares
 the command's next studies', in order, while the current one runs
 (a study of 80 trials can be over in seconds, before one start-up would be ready): a process,
 not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections import deque
 from typing import Any, Callable, Iterable
@@ -27,6 +27,9 @@ import kernels
 from tuner.lifetime import child_init
 from tuner.measure.phases import STARTUP_BG
 from tuner.problem import Problem
+from tuner.search.costmodel import Example
+from tuner.search.learned import examples_for_study, first_picks
+from tuner.search.samplers import LEARNING
 from tuner.search.study import Session, Startup, prepare_startup
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,42 @@ NICENESS = 10
 def _init(parent_pid: int) -> None:
     child_init(parent_pid)
     os.nice(NICENESS)
+
+
+# In the preparing process: compiles of the model's first picks, left running after their
+# start-up is handed back (a study never waits for them; its own compile of a config that is
+# being built here waits on the cache entry's lock instead of building it twice).
+_ahead: ThreadPoolExecutor | None = None
+
+
+def _compile_quietly(family: Any, config: dict[str, int], arch: str, cache_dir: str | None
+                     ) -> None:
+    try:
+        kernels.compile_config(family, config, arch, cache_dir=cache_dir)
+    except Exception as error:  # the study compiles it again and records what went wrong
+        log.debug("compiling %s ahead failed: %s", family.name, error)
+
+
+def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
+            batch: int, seed: int | None, prior_compiles: int, cache_dir: str | None,
+            rank: bool, examples: list[Example] | None) -> Startup:
+    """``prepare_startup`` and, where the model starts from its own scores, the compiles of
+    its first window (``first_picks``, ``batch`` of them) begun: with the prior's ranking gone
+    where the model learns the family elsewhere, nothing else would compile them before the
+    study asks (bench/NOTES.md, session 16)."""
+    global _ahead
+    startup = prepare_startup(family_name, arch, problem, sampler, sm_count, batch, seed,
+                              prior_compiles, cache_dir, rank, examples)
+    fitted = startup.fitted
+    if fitted is None or fitted.scores is None or startup.accepted is None:
+        return startup
+    if _ahead is None:
+        _ahead = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                    thread_name_prefix="compile-ahead")
+    family = kernels.get_family(family_name)
+    for row in first_picks(startup.features, fitted.scores, batch):
+        _ahead.submit(_compile_quietly, family, startup.accepted[row], arch, cache_dir)
+    return startup
 
 
 def can_prefetch(session: Session, family: Any) -> bool:
@@ -73,6 +112,8 @@ class StartupPrefetch:
         self._queue: deque[tuple[Any, Problem, bool]] = deque()  # to be submitted, in order
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
+        self._examples_read: dict[Problem, list[Example]] = {}
+        self._here: ThreadPoolExecutor | None = None  # prepare_here's thread
 
     def plan(self, studies: Iterable[tuple[Any, Problem]],
              rank: Callable[[Any, Problem], bool] | None = None) -> None:
@@ -87,7 +128,6 @@ class StartupPrefetch:
         self._top_up()
 
     def _top_up(self) -> None:
-        session = self.session
         while self._queue and len(self._jobs) < AHEAD and not self._broken:
             family, problem, rank = self._queue.popleft()
             if self._executor is None:  # its process starts from this (the main) thread
@@ -95,15 +135,48 @@ class StartupPrefetch:
                                                      mp_context=mp.get_context("spawn"),
                                                      initializer=_init,
                                                      initargs=(os.getpid(),))
-            sm_count = int(session.evaluator.info().get("sm_count") or 0)
-            cache = None if session.compile_cache is None else str(session.compile_cache)
             try:
                 self._jobs[(family.name, problem)] = self._executor.submit(
-                    prepare_startup, family.name, session.evaluator.arch(), problem,
-                    session.sampler, sm_count, session.batch, session.seed,
-                    session.prior_compiles, cache, rank)
+                    prepare, *self._arguments(family, problem, rank))
             except BrokenProcessPool:
                 self._give_up()
+
+    def _arguments(self, family: Any, problem: Problem, rank: bool) -> tuple[Any, ...]:
+        session = self.session
+        sm_count = int(session.evaluator.info().get("sm_count") or 0)
+        cache = None if session.compile_cache is None else str(session.compile_cache)
+        return (family.name, session.evaluator.arch(), problem, session.sampler, sm_count,
+                session.batch, session.seed, session.prior_compiles, cache, rank,
+                self._examples(problem))
+
+    def prepare_here(self, family: Any, problem: Problem, rank: bool) -> None:
+        """Prepare the command's first start-up on a thread of this process, while the main
+        thread waits for the GPU child's one-time start (inputs, float64 reference, cuBLAS
+        baseline): the process would take longer to start than the start-up takes, and with
+        nothing ahead of the first study its start-up left the GPU idle 2.8-3.1 s on the H100
+        (bench/NOTES.md, session 16)."""
+        if not can_prefetch(self.session, family) or self._broken:
+            return
+        if self._here is None:
+            self._here = ThreadPoolExecutor(max_workers=1, thread_name_prefix="first-startup")
+        # (no compiles ahead here: the study's own pool starts them as soon as it asks)
+        self._jobs[(family.name, problem)] = self._here.submit(
+            prepare_startup, *self._arguments(family, problem, rank))
+
+    def _examples(self, problem: Problem) -> list[Example] | None:
+        """The model's examples of other problems as a study of ``problem`` reads them (its
+        first fit is then made ahead too), for the samplers that learn: read once per problem,
+        for all its families (the database, 0.05-0.2 s of the main thread each time, does not
+        change in between; where it has by a study's start, the study fits on its own)."""
+        session = self.session
+        if session.sampler not in LEARNING:
+            return None
+        if session.training is not None:
+            return list(session.training)
+        if problem not in self._examples_read:
+            self._examples_read[problem] = examples_for_study(
+                session.database, session.gpu_name, problem, session.learn_from_recordings)
+        return self._examples_read[problem]
 
     def take(self, family: Any, problem: Problem) -> Startup | None:
         """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
@@ -130,6 +203,9 @@ class StartupPrefetch:
     def close(self) -> None:
         """End the process at once: a job half done is of no use, and waiting for its
         compiles would hold up the command's exit."""
+        if self._here is not None:  # a thread cannot be killed: its start-up is left to end
+            self._here.shutdown(wait=False, cancel_futures=True)
+            self._here = None
         executor, self._executor = self._executor, None
         self._queue, self._jobs = deque(), {}
         if executor is None:

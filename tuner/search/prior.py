@@ -121,7 +121,7 @@ def best_rate(geom: Geometry, target: Target, k: int) -> float:
     the prior skip compiles that cannot change its ranking. Resources enter ``rate`` only through
     the blocks resident per SM and the spills. Each thread keeps its share of the block's
     outputs (``outputs_per_thread``, q) in registers through the K loop, so r < q registers
-    spill at least 4·(q − r) bytes (true of every ok config in tests/data/recordings). For
+    spill at least 4·(q − r) bytes (true of every ok config in tuner/recordings). For
     each register count (in the allocation's steps of 8) the bound takes the least spill and the
     best of the block counts it allows (static shared memory can only lower them)."""
     q = geom.outputs_per_thread

@@ -32,8 +32,9 @@ from tuner.report import config_text
 from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, capped, examples_from_database,
-                                  Unit, learns_family, model_picks, unit_held_out)
+from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, PreparedFit, Unit, capped,
+                                  examples_for_study, fit_key, learns_family, model_picks,
+                                  prepare_fit)
 from tuner.search.samplers import (CONSTRAINT, LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP,
                                    STARTUP_TRIALS, SearchSpace, make_sampler, resolve)
 from tuner.search.warmstart import warm_start_configs
@@ -97,8 +98,10 @@ class Session:
     prior_compiles: int = prior.MAX_COMPILES
     compile_cache: Path | str | None = None  # CUBIN cache folder (None: kernels' default)
     # --sampler model: examples of other problems to learn from (None: the results database's
-    # measured trials, tuner.search.learned.examples_from_database)
+    # measured trials and, where learn_from_recordings, the bundled recordings of this GPU
+    # model; tuner.search.learned.examples_for_study)
     training: Sequence[Example] | None = None
+    learn_from_recordings: bool = False  # live runs (a replay's recording may be a bundled one)
     heartbeat_s: float = 30.0  # runs and claimed trials are refreshed this often …
     stale_after_s: float = 300.0  # … and taken for dead this long after their last heartbeat
     # where the studies' wall time goes (tuner.measure.phases); shared with the evaluator's
@@ -216,6 +219,9 @@ class Startup:
     # the cost model's feature rows of ``accepted`` on the GPU's SM count, for the samplers that
     # learn (None: computed on the main thread, 1-2.4 s for pipelined and tf32x3 at 2048³)
     features: np.ndarray | None = None
+    # the model's first fit on the examples of other problems known when it was prepared (a
+    # study that finds other examples, e.g. of a shape the command measured since, fits itself)
+    fitted: PreparedFit | None = None
 
 
 def _startup_count(batch: int) -> int:
@@ -252,15 +258,20 @@ def _rank(family: Any, arch: str, problem: Problem, startup: Startup, sm_count: 
 
 def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
                     batch: int, seed: int | None, prior_compiles: int,
-                    cache_dir: str | None, rank: bool = True) -> Startup:
+                    cache_dir: str | None, rank: bool = True,
+                    examples: Sequence[Example] | None = None) -> Startup:
     """A registered family's start-up inputs with the prior's compiles (NVRTC, CUBIN cache):
     what ``StudyRun`` computes itself when it was not prepared ahead. ``rank``: False where
-    the study will not start from the prior (``ranks_prior``): enumerated only."""
+    the study will not start from the prior (``ranks_prior``): enumerated only. ``examples``:
+    the model's examples of other problems (``examples_for_study``), to fit it ahead on."""
     started = time.perf_counter()
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
     if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
         startup.features = matrix(family, startup.accepted, problem, prior.Target(sm_count, arch))
+        if examples is not None and resolve(sampler, True) == "model":
+            startup.fitted = prepare_fit(family.name, capped(examples, family.name, seed=seed),
+                                         startup.features, _seed_for(seed, 0))
     if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
@@ -340,7 +351,8 @@ class StudyRun:
         resumed = len(history) >= STARTUP_TRIALS
         # hybrid only needs the model for its start-up picks
         sampler = self.sampler
-        learned = (self._learned() if sampler == "model"
+        seed = _seed_for(session.seed, len(history), self.shared.claims)
+        learned = (self._learned(seed) if sampler == "model"
                    or (sampler == "hybrid" and not resumed) else None)
         # The model sampler starts from the static prior where its examples hold no other
         # shape of this family (what other families teach it transfers worse than the prior;
@@ -361,9 +373,8 @@ class StudyRun:
                                    model_picks=len(picks))
         self.study = optuna.create_study(
             direction="maximize",
-            sampler=make_sampler(sampler,
-                                 _seed_for(session.seed, len(history), self.shared.claims),
-                                 search_space, background=asynchronous(session.evaluator)),
+            sampler=make_sampler(sampler, seed, search_space,
+                                 background=asynchronous(session.evaluator)),
         )
         self.known: dict[ConfigKey, _Known] = {}  # numbered as stored
         self.tally = _Tally()
@@ -396,10 +407,10 @@ class StudyRun:
         return [space.params_from_configs(self.family, members)
                 for _, members in (self.groups or {}).values()]
 
-    def _learned(self) -> LearnedSpace:
+    def _learned(self, seed: int | None) -> LearnedSpace:
         """The model sampler's view: every accepted config with its features, and examples of
-        other problems (the session's, else every measured trial in the results database
-        except this study's own GPU model, family and shape)."""
+        other problems (the session's, else ``examples_for_study``: the results database's
+        and the bundled recordings', except this GPU model's at this shape)."""
         if self.accepted_all is None:
             raise ValueError(f"--sampler model needs an enumerable space; {self.family.name}'s "
                              f"has more than {ENUMERABLE_SPACE} configs: use --sampler default")
@@ -407,16 +418,20 @@ class StudyRun:
         target = prior.Target(int(info.get("sm_count") or 1), self.arch)
         examples = self.session.training
         if examples is None:
-            examples = examples_from_database(
-                self.session.database, list(kernels.FAMILIES),
-                unit_held_out((self.session.gpu_name, self.family.name, self.problem.shape)))
+            examples = examples_for_study(self.session.database, self.session.gpu_name,
+                                          self.problem, self.session.learn_from_recordings)
         examples = capped(examples, self.family.name, seed=self.session.seed)
         log.info("%s: the cost model learns from %d measured configs of other problems (%d of "
                  "%s), then from this study's own", self.name, len(examples),
                  sum(e.family == self.family.name for e in examples), self.family.name)
         positions = space.params_from_configs(self.family, self.accepted_all)
         if self.startup.features is not None:  # prepared ahead, for the same SM count
-            return LearnedSpace(positions, self.startup.features, examples)
+            fitted = self.startup.fitted
+            if fitted is not None and fitted.key != fit_key(seed, examples):
+                log.info("%s: the model's fit prepared ahead is of other examples; fitting it "
+                         "here", self.name)
+                fitted = None
+            return LearnedSpace(positions, self.startup.features, examples, fitted)
         return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
                                   examples)
 
