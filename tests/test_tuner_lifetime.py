@@ -140,3 +140,24 @@ def test_without_prctl_a_child_notices_its_parent_is_gone():
         parent.kill()
         if alive(child, start):
             os.kill(child, signal.SIGKILL)
+
+
+def test_closing_the_evaluator_ends_compiles_in_flight_instead_of_waiting(tmp_path):
+    """What a command still needed it has collected: closing the compile pool kills the
+    compiles in flight (they held the command's end up to a second on the H100) and caches
+    nothing half done."""
+    import multiprocessing as mp
+
+    import kernels
+    from kernels.compiler import cached_config
+    from tuner.measure.live import LiveEvaluator
+
+    warptile = kernels.get_family("warptile")  # 1-4 s a compile
+    configs = warptile.sample_accepted(2, seed=5)
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing") as evaluator:
+        evaluator.pool.arch = evaluator.arch()
+        compiles = [evaluator.pool.submit(warptile, config) for config in configs]
+        time.sleep(0.3)  # both begun
+    assert all(future.done() for future in compiles)
+    assert not any(cached_config(warptile, c, "sm_90", tmp_path) for c in configs)
+    assert not [p for p in mp.active_children() if p.is_alive()]

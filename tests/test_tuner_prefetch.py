@@ -228,7 +228,8 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
             time.sleep(0.2)
     assert len(picks) == 4 and all(cached_config(skinny, c, "sm_90", tmp_path / "cubins")
                                    for c in picks)
-    assert len(list((tmp_path / "cubins").rglob("*.cubin"))) == 4  # nothing else
+    programs = {skinny.program(c) for c in picks}  # launch-time parameters share one
+    assert len(list((tmp_path / "cubins").rglob("*.cubin"))) == len(programs)  # nothing else
 
     positions = space.params_from_configs(skinny, prepared.accepted)
     distributions = space.distributions(skinny)

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from types import FrameType, TracebackType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -106,3 +107,14 @@ def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(PARENT_CHECK_S)
     os._exit(1)
+
+
+def kill_pool(executor: Any) -> None:
+    """End a ProcessPoolExecutor at once: kill its processes (a compile half done is of no use,
+    and waiting for one held up the command's end by up to a second on the H100: bench/NOTES.md,
+    session 16), then shut it down. A killed compile leaves no cache entry (entries are written
+    atomically, and its lock is released with the process)."""
+    # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
+    for process in list((getattr(executor, "_processes", None) or {}).values()):
+        process.kill()
+    executor.shutdown(wait=True, cancel_futures=True)

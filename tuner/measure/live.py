@@ -30,7 +30,7 @@ from typing import Any
 import kernels
 from kernels.compiler import cached_config
 
-from tuner.lifetime import child_init
+from tuner.lifetime import child_init, kill_pool
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
 from tuner.measure.phases import (COMPILE_WAIT, GPU_SEND, GPU_WAIT, PREPARE, REPLACE, SETUP,
                                   Phases)
@@ -324,8 +324,10 @@ class CompilePool:
                                    self.cache_dir)
 
     def close(self) -> None:
+        """End the workers now, compiles in flight too: what the command still needed it has
+        collected; the rest would only be cached for a later one."""
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            kill_pool(self._executor)
             self._executor = None
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 import kernels
 
-from tuner.lifetime import child_init
+from tuner.lifetime import child_init, kill_pool
 from tuner.measure.phases import STARTUP_BG
 from tuner.problem import Problem
 from tuner.search.costmodel import Example
@@ -210,10 +210,7 @@ class StartupPrefetch:
         self._queue, self._jobs = deque(), {}
         if executor is None:
             return
-        # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
-        for process in list((getattr(executor, "_processes", None) or {}).values()):
-            process.kill()
-        executor.shutdown(wait=True, cancel_futures=True)
+        kill_pool(executor)
 
     def __enter__(self) -> StartupPrefetch:
         return self
