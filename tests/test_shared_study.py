@@ -36,8 +36,11 @@ def _shared_study():
 @needs_server
 def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_path):
     out = tmp_path / "shared.json"
+    # 36 of naive's 48 configs: with 12, a loaded CI host started worker 2's study after worker
+    # 1 had measured the whole budget (1 of 4 local runs beside a busy loop), and the survivor
+    # could finish before the killed claim went stale
     argv = [sys.executable, str(SCRIPT), "--gpus", "0,0", "--shape", "128x128x128",
-            "--family", "naive", "--trials", "12", "--repeats", "2", "--timeout", "30", "--kill-after", "0",
+            "--family", "naive", "--trials", "36", "--repeats", "2", "--timeout", "30", "--kill-after", "0",
             "--heartbeat", "0.5", "--stale-after", "2", "--cache", str(tmp_path / "cubins"),
             "--out", str(out)]
     if postgres_available():
