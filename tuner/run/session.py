@@ -72,11 +72,11 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
 
 def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
     """``ranks_prior`` for the studies of ``order``: where the learned model will have measured
-    configs of the family on another shape or GPU (an earlier shape's study of this command,
-    a bundled recording of this GPU model, or the results database's) it never asks for the prior, whose compiles then need not be
-    prepared. The database is asked (only for a sampler that needs it) for each family's newest
-    runs: a family whose other units are all older is prepared anyway, as every study was before
-    (the study just does not use it)."""
+    configs of the family on another shape or GPU (an earlier shape's study of this command, a
+    bundled recording of this GPU model, or the results database's) it never asks for the
+    prior, whose compiles then need not be prepared. The database is asked (only for a sampler
+    that needs it) for each family's newest runs: a family whose other units are all older is
+    prepared anyway, as every study was before (the study just does not use it)."""
 
     def measured(family: Any, problem: Problem) -> Iterator[tuple[str, str, str]]:
         # lazy: ranks_prior looks only as far as it must

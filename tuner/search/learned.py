@@ -199,7 +199,7 @@ def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: i
     offline = CostModel(seed)
     offline.add_examples(examples)
     scores = (offline.copy().fit().predict(x)
-              if offline.rows and any(e.family == family for e in examples) else None)
+              if offline.rows and learns_family(examples, family) else None)
     return PreparedFit(fit_key(seed, examples), offline, scores)
 
 
@@ -387,10 +387,10 @@ class ModelSampler(optuna.samplers.BaseSampler):
 HYBRID_PICKS = 3
 
 
-def learns_family(learned: LearnedSpace, family: str) -> bool:
+def learns_family(examples: Sequence[Example], family: str) -> bool:
     """Whether the examples hold this family measured on another problem: where they do not,
     the model knows only what other families taught it, and the static prior starts better."""
-    return any(e.family == family for e in learned.examples)
+    return any(e.family == family for e in examples)
 
 
 def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
@@ -398,7 +398,7 @@ def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
     """The ``count`` accepted configs (positions) the cost model ranks highest, when its examples
     hold this family measured elsewhere; [] when they do not (then it is no better than the
     prior, whose picks stand alone)."""
-    if count < 1 or not learns_family(learned, family):
+    if count < 1 or not learns_family(learned.examples, family):
         return []
     model = CostModel(seed)
     model.add_examples(learned.examples)

@@ -360,7 +360,7 @@ class StudyRun:
         wants_startup = (not resumed
                          and (sampler in PRIOR_SAMPLERS
                               or (learned is not None
-                                  and not learns_family(learned, family.name))))
+                                  and not learns_family(learned.examples, family.name))))
         startup = self._prior_startup() if wants_startup else []
         picks: list[dict[str, int]] = []
         if sampler == "hybrid" and wants_startup and learned is not None:
