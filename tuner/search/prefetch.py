@@ -45,6 +45,11 @@ def _init(parent_pid: int) -> None:
     os.nice(NICENESS)
 
 
+# The compile-ahead threads take at most this fraction of the cores (1/4): off the critical
+# path, they need not finish fast, and with a thread per core their burst, niced but on the same
+# logical CPUs, slowed the running study's own compiles (bench/NOTES.md, session 16).
+AHEAD_SHARE = 4
+
 # In the preparing process: compiles of the model's first picks, left running after their
 # start-up is handed back (a study never waits for them; its own compile of a config that is
 # being built here waits on the cache entry's lock instead of building it twice).
@@ -73,7 +78,7 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
     if fitted is None or fitted.scores is None or startup.accepted is None:
         return startup
     if _ahead is None:
-        _ahead = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+        _ahead = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) // AHEAD_SHARE),
                                     thread_name_prefix="compile-ahead")
     family = kernels.get_family(family_name)
     for row in first_picks(startup.features, fitted.scores, batch):
