@@ -172,6 +172,15 @@ def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch
     assert started == [1] and not _pool_workers()
 
 
+def _live_session(evaluator: LiveEvaluator, database: Any, cache: Path, **fields: Any
+                  ) -> Session:
+    """A session of the stand-in GPU child with a real results database and Optuna storage."""
+    return _session(evaluator, cache, database=database,
+                    storage=optuna.storages.RDBStorage(database.url), warm_start=False,
+                    gpu_id=database.ensure_gpu(db.GpuInfo(**evaluator.info())),
+                    phases=evaluator.phases, **fields)
+
+
 def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,
                      caplog: pytest.LogCaptureFixture) -> list[str]:
     """tune_all over naive and blocktile1d on the stand-in GPU child: the start-ups logged."""
@@ -181,11 +190,8 @@ def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
                        backend="tuner.testing") as evaluator, \
             caplog.at_level(logging.INFO, logger="tuner.search.study"):
-        info = evaluator.info()
-        session = _session(evaluator, tmp_path / "cubins", prefetch_startup=prefetch,
-                           database=database, storage=optuna.storages.RDBStorage(database.url),
-                           warm_start=False, gpu_id=database.ensure_gpu(db.GpuInfo(**info)),
-                           phases=evaluator.phases)
+        session = _live_session(evaluator, database, tmp_path / "cubins",
+                                prefetch_startup=prefetch)
         summary = run_session.tune_all(session, [NAIVE, BLOCKTILE1D], [PROBLEM],
                                        Budget(trials=2, timeout_s=60, patience=None))
         assert len(summary.outcomes) == 2
@@ -259,11 +265,8 @@ def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
                        backend="tuner.testing") as evaluator, \
             caplog.at_level(logging.INFO, logger="tuner.search.study"):
-        info = evaluator.info()
-        session = _session(evaluator, tmp_path / "cubins", prefetch_startup=True,
-                           database=database, storage=optuna.storages.RDBStorage(database.url),
-                           warm_start=False, gpu_id=database.ensure_gpu(db.GpuInfo(**info)),
-                           phases=evaluator.phases, training=None, sampler="default")
+        session = _live_session(evaluator, database, tmp_path / "cubins", prefetch_startup=True,
+                                training=None, sampler="default")
         summary = run_session.tune_all(session, [NAIVE], [PROBLEM, Problem(192, 160, 128)],
                                        Budget(trials=6, timeout_s=60, patience=None))
     database.close()

@@ -398,9 +398,7 @@ def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
     """The ``count`` accepted configs (positions) the cost model ranks highest, when its examples
     hold this family measured elsewhere; [] when they do not (then it is no better than the
     prior, whose picks stand alone)."""
-    if count < 1 or not learns_family(learned.examples, family):
+    scores = prepare_fit(family, learned.examples, learned.x, seed).scores if count >= 1 else None
+    if scores is None:
         return []
-    model = CostModel(seed)
-    model.add_examples(learned.examples)
-    scores = model.fit().predict(learned.x)
     return [dict(learned.configs[i]) for i in np.argsort(-scores, kind="stable")[:count]]
