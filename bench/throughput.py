@@ -60,7 +60,7 @@ from typing import Any
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, LiveEvaluator, default_workers
 from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, Phases
 from tuner.run.cli import parse_args
-from tuner.run.tune import preload_costmodel, tune
+from tuner.run.tune import tune
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_EVERY_S = 0.1
@@ -402,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         cpu.start()
         started = time.perf_counter()
-        preload_costmodel(options)  # as python -m tuner does, beside the child's start
         evaluator = LiveEvaluator(
             options.evaluator.gpu, cache_dir=options.evaluator.cache_dir,
             workers=options.evaluator.workers, trial_timeout_s=options.evaluator.trial_timeout_s,

@@ -88,29 +88,18 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
     )
 
 
-_preloading: threading.Thread | None = None
-
-
-def preload_costmodel(options: Options) -> None:
-    """Import what the cost model fits with (scikit-learn, 1-2 s) on a thread, once, while the
-    main thread waits for the GPU child to start: the first study's start-up predicts registers
-    with it (``costmodel.Registers``) and would otherwise wait for the import with the GPU idle
-    (bench/NOTES.md, session 17)."""
-    global _preloading
-    if options.search.sampler in LEARNING and _preloading is None:
-        from tuner.search.costmodel import preload
-
-        _preloading = threading.Thread(target=preload, name="preload-costmodel", daemon=True)
-        _preloading.start()
-
-
 def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
     """Everything after the evaluator exists: open the stores, run the studies, print the table."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from tuner.run.session import tune_all
 
-    preload_costmodel(options)
+    if options.search.sampler in LEARNING:
+        # imported while the main thread waits for the GPU child's first answers (the cuBLAS
+        # baseline), not at the model's first fit mid-study
+        from tuner.search.costmodel import preload
+
+        threading.Thread(target=preload, name="preload-costmodel", daemon=True).start()
     stores = open_stores(options.stores)
     if stores is None:
         return EXIT_USAGE
@@ -139,7 +128,6 @@ def live_main(options: Options) -> int:
     from tuner.measure.live import GpuUnavailable
 
     gpu = options.evaluator.gpu
-    preload_costmodel(options)  # beside the GPU child's start (its processes are spawned)
     try:
         evaluator = start_live(options.evaluator)
     except GpuUnavailable as reason:
