@@ -125,7 +125,7 @@ class Listings(DatabaseCore):
         query = (
             select(GpuRow.name, GpuRow.compute_capability, GpuRow.sm_count, FamilyRow.name,
                    TrialRow.params, ProblemRow.m, ProblemRow.n, ProblemRow.k, TrialRow.state,
-                   TrialRow.gflops, TrialRow.registers)
+                   TrialRow.gflops)
             .join(RunRow, TrialRow.run_id == RunRow.id)
             .join(GpuRow, RunRow.gpu_id == GpuRow.id)
             .join(ProblemRow, RunRow.problem_id == ProblemRow.id)
@@ -138,8 +138,7 @@ class Listings(DatabaseCore):
             return [MeasuredConfig(gpu_name=row[0], compute_capability=row[1], sm_count=row[2],
                                    family=row[3], params=dict(row[4]), m=row[5], n=row[6],
                                    k=row[7], state=row[8],
-                                   gflops=None if row[9] is None else float(row[9]),
-                                   registers=row[10])
+                                   gflops=None if row[9] is None else float(row[9]))
                     for row in session.execute(query)]
 
     def trials(self, run_id: int, state: str | None = None, offset: int = 0,

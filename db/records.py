@@ -235,7 +235,6 @@ class MeasuredConfig:
     k: int
     state: str
     gflops: float | None
-    registers: int | None = None  # ptxas's report of its compile
 
 
 @dataclass(frozen=True)

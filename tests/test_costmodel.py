@@ -18,7 +18,7 @@ from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.search.costmodel import FEATURES, CostModel, Registers, features, matrix
+from tuner.search.costmodel import FEATURES, CostModel, features, matrix
 from tuner.search.learned import (LearnedSpace, examples_for_study, examples_from_database,
                                   examples_from_recordings, model_picks, problem_held_out)
 from tuner.search.prior import Target
@@ -102,54 +102,6 @@ def test_leave_one_out_never_fits_on_the_problem_searched(recordings):
     assert bench.fit_kind("prior", fresh.name) == "not fitted on it"
 
 
-def _recorded_registers(recording, family_name: str, problem: Problem):
-    rows = [(c, r.registers) for c, r in recording.results(family_name, problem) if r.registers]
-    target = Target(recording.gpu["sm_count"], recording.arch)
-    return [c for c, _ in rows], np.array([r for _, r in rows], dtype=float), target
-
-
-def test_a_configs_registers_are_those_its_compile_reported_at_another_shape(recordings):
-    """Registers depend on the config and the architecture, not on the shape: a config compiled
-    for another problem reads ptxas's report there; without reports, the prior's estimate."""
-    recording = next(r for r in recordings if r.gpu["name"].startswith("NVIDIA H100")
-                     and ("splitk", Problem(512, 384, 8192)) in r.pairs())
-    searched = Problem(512, 384, 8192)
-    examples = examples_from_recordings([recording],
-                                        problem_held_out(recording.gpu["name"], searched.shape))
-    assert {e.problem for e in examples} == {Problem(256, 256, 16384)}
-    family = kernels.FAMILIES["splitk"]
-    configs, _, target = _recorded_registers(recording, "splitk", searched)
-    elsewhere = {tuple(sorted(e.config.items())): e.registers for e in examples}
-    column = FEATURES.index("registers")
-    x = matrix(family, configs, searched, target, Registers(examples))
-    assert [x[i, column] for i in range(len(configs))] == [
-        elsewhere[tuple(sorted(c.items()))] for c in configs]
-    estimate = matrix(family, configs, searched, target)[:, column]
-    assert np.mean(estimate != x[:, column]) > 0.5
-
-
-def test_registers_of_a_family_never_compiled_are_predicted_closer_than_the_estimate(
-        recordings):
-    """Held out: every report of pipelined (its one recording). Boosted trees fitted on the
-    other families' reports predict its registers deterministically, and nearer ptxas's than
-    the estimate (bench/NOTES.md, session 17: mean error 13.7 against 34.9 registers)."""
-    pipelined = next(r for r in recordings if [f for f, _ in r.pairs()] == ["pipelined"])
-    others = [r for r in recordings if r is not pipelined
-              and r.gpu["name"] == pipelined.gpu["name"]]
-    examples = examples_from_recordings(others)
-    assert not [e for e in examples if e.family == "pipelined"]
-    _, problem = pipelined.pairs()[0]
-    configs, reported, target = _recorded_registers(pipelined, "pipelined", problem)
-    family = kernels.FAMILIES["pipelined"]
-    column = FEATURES.index("registers")
-    first = matrix(family, configs, problem, target, Registers(examples))[:, column]
-    again = matrix(family, configs, problem, target, Registers(examples))[:, column]
-    estimate = matrix(family, configs, problem, target)[:, column]
-    assert np.array_equal(first, again)
-    assert np.all((first >= 1) & (first <= 255))
-    assert np.abs(first - reported).mean() < 0.6 * np.abs(estimate - reported).mean()
-
-
 def test_held_out_helpers():
     assert problem_held_out("H100", "8x8x8")(("H100", "naive", "8x8x8"))
     assert not problem_held_out("H100", "8x8x8")(("H200", "naive", "8x8x8"))
@@ -191,7 +143,6 @@ def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tm
     gpu = replay.info()["name"]
     examples = examples_from_database(database, ["naive"])
     assert len(examples) == 12 and {e.problem for e in examples} == {problems[1]}
-    assert [e.registers for e in examples] == [t.registers for t in measured] != [None] * 12
     assert examples_from_database(database, ["naive"],
                                   problem_held_out(gpu, problems[1].shape)) == []
 

@@ -3,7 +3,7 @@ problems (other shapes, families, GPU models) measured.
 
 What it reads of a config (``features``) is known before anything is compiled or measured:
 the launch geometry (``tuner.search.prior.Geometry``: block tile, threads, split of K, dynamic
-shared memory), what follows from it on the target GPU (registers, ``Registers``; blocks resident
+shared memory), what follows from it on the target GPU (estimated registers, blocks resident
 per SM, rounds of blocks on the busiest SM, idle share of the last round, padding of edge
 tiles, the static prior's throughput terms), the problem's size, and the family's own
 parameters (log2, by name; NaN where a family lacks one). The family itself is a feature as
@@ -28,13 +28,11 @@ import numpy as np
 import kernels
 
 from tuner.problem import Problem
-from tuner.measure.resources import Usage
 from tuner.search.prior import (
     GLOBAL_REUSE_HALF,
     LATENCY_WARPS,
     SMEM_LOADS_PER_OPERAND,
     STAGED_DEPTH_HALF,
-    Geometry,
     Target,
     rate,
     estimated_usage,
@@ -47,7 +45,7 @@ PARAMS: tuple[str, ...] = tuple(sorted({p.name for f in kernels.FAMILIES.values(
 FAMILY_NAMES: tuple[str, ...] = tuple(sorted(kernels.FAMILIES))
 GEOMETRY_FEATURES = (
     "log2_m", "log2_n", "log2_k", "log2_tile_rows", "log2_tile_cols", "log2_threads",
-    "log2_splits", "shared_kib", "outputs_per_thread", "registers", "blocks_per_sm",
+    "log2_splits", "shared_kib", "outputs_per_thread", "est_registers", "blocks_per_sm",
     "resident_warps", "rounds", "last_round_idle", "edge_waste", "log2_k_per_split",
     "issue", "smem_term", "global_term", "staging_term", "log2_blocks_per_sm_count",
     "prior_rate",  # the static prior's estimate over the best estimate among the configs given
@@ -74,7 +72,6 @@ class Example:
     config: Mapping[str, int]
     problem: Problem
     gflops: float  # 0 where the config failed
-    registers: int | None = None  # ptxas's report of its compile, where known
 
     @property
     def unit(self) -> tuple[str, str, str]:
@@ -83,25 +80,12 @@ class Example:
         return (self.gpu, self.family, self.problem.shape)
 
 
-RegisterKey = tuple[str, str, tuple[tuple[str, int], ...]]  # (arch, family, config)
-
-
-def register_key(arch: str, family: str, config: Mapping[str, int]) -> RegisterKey:
-    return arch, family, tuple(sorted((str(k), int(v)) for k, v in config.items()))
-
-
-def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target,
-             registers: int | None = None) -> list[float]:
-    """The feature vector of one config (order: ``FEATURES``); ``registers``: ptxas's (reported
-    or predicted, ``Registers``), else the prior's estimate from the outputs per thread."""
-    return _features(geometry(family, config, problem.m, problem.n, problem.k), problem, target,
-                     registers, _identity(family, config))
-
-
-def _features(geom: Geometry, problem: Problem, target: Target, registers: int | None,
-              identity: list[float]) -> list[float]:
+def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target
+             ) -> list[float]:
+    """The feature vector of one config (order: ``FEATURES``)."""
     m, n, k = problem.m, problem.n, problem.k
-    usage = Usage(registers=int(registers)) if registers else estimated_usage(geom)
+    geom = geometry(family, config, m, n, k)
+    usage = estimated_usage(geom)
     try:
         occ = kernels.occupancy(target.arch, geom.threads, usage.registers, geom.shared_bytes)
         per_block = occ.blocks_per_sm
@@ -117,7 +101,7 @@ def _features(geom: Geometry, problem: Problem, target: Target, registers: int |
     reuse = bm * bn / (bm + bn)
     depth = geom.shared_bytes / (4.0 * (bm + bn))
     padded = math.ceil(m / bm) * bm * math.ceil(n / bn) * bn
-    return [
+    values = [
         math.log2(m), math.log2(n), math.log2(k), math.log2(bm), math.log2(bn),
         math.log2(geom.threads), math.log2(max(geom.splits, 1)), geom.shared_bytes / 1024,
         q, usage.registers, per_block, warps, rounds, 1 - geom.blocks / slots,
@@ -128,120 +112,23 @@ def _features(geom: Geometry, problem: Problem, target: Target, registers: int |
         depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0,
         math.log2(max(geom.blocks, 1) / target.sm_count),
         rate(geom, usage, target, k),
-        *identity,
+        float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES else math.nan,
     ]
-
-
-def _identity(family: Any, config: Mapping[str, int]) -> list[float]:
-    """The family and its parameters (log2; NaN for a parameter the family lacks)."""
-    return [float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES else math.nan,
-            *(math.log2(config[p]) if p in config and config[p] > 0
-              else (0.0 if p in config else math.nan) for p in PARAMS)]
-
-
-def register_inputs(geom: Geometry, identity: list[float]) -> list[float]:
-    """What a config's registers follow from (``Registers``'s regressor reads it): the block's
-    layout, the estimate, the family and its parameters; not the problem's size, which ptxas
-    never sees."""
-    bm, bn = geom.tile
-    return [math.log2(bm), math.log2(bn), math.log2(geom.threads),
-            math.log2(max(geom.splits, 1)), geom.shared_bytes / 1024, geom.outputs_per_thread,
-            estimated_usage(geom).registers, *identity]
-
-
-class Registers:
-    """ptxas's registers per thread of configs: reported where the config compiled for any
-    problem of the examples (registers depend on the config and the architecture, not on the
-    shape), else predicted by boosted trees fitted on those reports of the same architecture
-    (``register_inputs``, the estimate among them). The prior's estimate, max(q + 64, 1.8·q),
-    is 1.4-2× under ptxas on tf32x3 and vectorized; the model reading these instead needs
-    fewer measurements on the recordings, leave-one-out (bench/NOTES.md, session 17)."""
-
-    def __init__(self, examples: Iterable[Example] = ()) -> None:
-        self._reports: dict[RegisterKey, Example] = {}
-        for example in examples:
-            if example.registers:
-                key = register_key(example.target.arch, example.family, example.config)
-                self._reports[key] = example
-
-    def reported(self, arch: str, family: str, config: Mapping[str, int]) -> int | None:
-        example = self._reports.get(register_key(arch, family, config))
-        return None if example is None else example.registers
-
-    def predict(self, arch: str, x: np.ndarray) -> np.ndarray | None:
-        """Registers of configs from their ``register_inputs`` rows; None where no report of
-        this architecture is there to learn from."""
-        reports = tuple(sorted((key, e.registers) for key, e in self._reports.items()
-                               if key[0] == arch))
-        if reports not in _register_models:  # the studies of one command read the same reports
-            if len(_register_models) >= 8:
-                _register_models.pop(next(iter(_register_models)))
-            _register_models[reports] = _register_model([self._reports[k] for k, _ in reports])
-        fitted = _register_models[reports]
-        if fitted is None:
-            return None
-        from threadpoolctl import threadpool_limits
-
-        columns, model = fitted
-        with threadpool_limits(1):
-            return np.clip(np.rint(model.predict(x[:, columns])), 1, 255)
-
-
-REGISTER_FAMILY_INPUT = 7  # register_inputs' family column
-_register_models: dict[tuple[tuple[RegisterKey, int | None], ...],
-                       tuple[list[int], Any] | None] = {}
-
-
-def _register_model(examples: Sequence[Example]) -> tuple[list[int], Any] | None:
-    """Boosted trees from ``register_inputs`` to the reported registers (with the columns
-    they read); None where too few reports."""
-    from sklearn.ensemble import HistGradientBoostingRegressor
-    from threadpoolctl import threadpool_limits
-
-    usable = [(kernels.FAMILIES[e.family], e) for e in examples if e.family in kernels.FAMILIES]
-    usable = [(family, e) for family, e in usable if _geometry_ok(family, e)]
-    if len(usable) < 2 * MIN_SAMPLES_LEAF:
-        return None
-    x = np.array([register_inputs(geometry(family, e.config, e.problem.m, e.problem.n,
-                                           e.problem.k), _identity(family, e.config))
-                  for family, e in usable])
-    y = np.array([float(e.registers or 0) for _, e in usable])
-    # a column no report has (a parameter of families not among them) says nothing
-    columns = [c for c in range(x.shape[1]) if not np.all(np.isnan(x[:, c]))]
-    model = HistGradientBoostingRegressor(
-        max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
-        min_samples_leaf=MIN_SAMPLES_LEAF,
-        categorical_features=np.array([c == REGISTER_FAMILY_INPUT for c in columns]),
-        early_stopping=False, random_state=0)
-    with threadpool_limits(1):
-        model.fit(x[:, columns], y)
-    return columns, model
+    values += [math.log2(config[p]) if p in config and config[p] > 0
+               else (0.0 if p in config else math.nan) for p in PARAMS]
+    return values
 
 
 def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
-           target: Target, registers: Registers | None = None) -> np.ndarray:
+           target: Target) -> np.ndarray:
     """Feature rows of configs of one problem. The prior's rate is only an order within a
     problem: it is divided by its largest value among ``configs`` (pass every accepted config,
-    or every measured one of a full recording, so that the two mean the same). ``registers``:
-    ptxas's reports and predictions (without: the estimate)."""
-    geoms = [geometry(family, c, problem.m, problem.n, problem.k) for c in configs]
-    identities = [_identity(family, c) for c in configs]
-    known: list[int | None] = [None] * len(configs)
-    if registers is not None:
-        known = [registers.reported(target.arch, family.name, c) for c in configs]
-        unknown = [i for i, r in enumerate(known) if r is None]
-        predicted = registers.predict(target.arch, np.array(
-            [register_inputs(geoms[i], identities[i]) for i in unknown])) if unknown else None
-        if predicted is not None:
-            for i, value in zip(unknown, predicted):
-                known[i] = int(value)
-    x = np.array([_features(g, problem, target, r, i)
-                  for g, r, i in zip(geoms, known, identities)], dtype=np.float64)
-    if not len(x):
-        return x
-    column = x[:, PRIOR_RATE]
-    top = column.max()
-    x[:, PRIOR_RATE] = column / top if top > 0 else 0.0
+    or every measured one of a full recording, so that the two mean the same)."""
+    x = np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
+    if len(x):
+        column = x[:, PRIOR_RATE]
+        top = column.max()
+        x[:, PRIOR_RATE] = column / top if top > 0 else 0.0
     return x
 
 
@@ -283,11 +170,7 @@ class CostModel:
             self._weights.append(np.full(len(x), float(weight)))
 
     def add_examples(self, examples: Iterable[Example], weight: float = 1.0) -> None:
-        """Examples grouped by unit, each unit normalised by its own best; registers as
-        ptxas reported them (predicted from the examples' reports where it did not: a failed
-        compile)."""
-        examples = list(examples)
-        registers = Registers(examples)
+        """Examples grouped by unit, each unit normalised by its own best."""
         units: dict[tuple[str, str, str], list[Example]] = {}
         for example in examples:
             units.setdefault(example.unit, []).append(example)
@@ -297,8 +180,7 @@ class CostModel:
             usable = [e for e in unit_examples if _geometry_ok(family, e)]
             if not usable:
                 continue
-            self.add(matrix(family, [e.config for e in usable], first.problem, first.target,
-                            registers),
+            self.add(matrix(family, [e.config for e in usable], first.problem, first.target),
                      fractions([e.gflops for e in usable]), weight)
 
     def fit(self) -> CostModel:

@@ -36,7 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 import kernels
 
 from tuner.problem import Problem
-from tuner.search.costmodel import FEATURES, CostModel, Example, Registers, matrix
+from tuner.search.costmodel import FEATURES, CostModel, Example, matrix
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,7 @@ def examples_from_recordings(recordings: Sequence[Any], held_out: HeldOut = noth
                 if result.state in COSTLESS:
                     continue
                 examples.append(Example(gpu, target, family, dict(config), problem,
-                                        float(result.gflops or 0.0) if result.usable else 0.0,
-                                        result.registers))
+                                        float(result.gflops or 0.0) if result.usable else 0.0))
     return examples
 
 
@@ -104,8 +103,7 @@ def examples_from_database(database: Any, families: Collection[str],
             continue
         examples.append(Example(
             row.gpu_name, Target(row.sm_count, arch_of(row.compute_capability)), row.family,
-            row.params, problem, float(row.gflops or 0.0) if row.state == "ok" else 0.0,
-            row.registers))
+            row.params, problem, float(row.gflops or 0.0) if row.state == "ok" else 0.0))
     return examples
 
 
@@ -220,10 +218,8 @@ class LearnedSpace:
     def build(cls, family: Any, accepted: Sequence[Mapping[str, int]],
               positions: Sequence[Mapping[str, int]], problem: Problem, target: Target,
               examples: Sequence[Example]) -> LearnedSpace:
-        """``accepted``: configs (values); ``positions``: the same configs as study params.
-        The rows read the registers the examples' compiles reported (``Registers``)."""
-        return cls(list(positions), matrix(family, accepted, problem, target,
-                                           Registers(examples)), list(examples))
+        """``accepted``: configs (values); ``positions``: the same configs as study params."""
+        return cls(list(positions), matrix(family, accepted, problem, target), list(examples))
 
 
 def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import enumcache, prior, space
-from tuner.search.costmodel import Example, Registers, matrix
+from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, PreparedFit, Unit, capped,
                                   examples_for_study, fit_key, learns_family, model_picks,
@@ -268,12 +268,10 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
     if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
-        chosen = capped(examples, family.name, seed=seed) if examples is not None else []
-        startup.features = matrix(family, startup.accepted, problem, prior.Target(sm_count, arch),
-                                  Registers(chosen))
+        startup.features = matrix(family, startup.accepted, problem, prior.Target(sm_count, arch))
         if examples is not None and resolve(sampler, True) == "model":
-            startup.fitted = prepare_fit(family.name, chosen, startup.features,
-                                         _seed_for(seed, 0))
+            startup.fitted = prepare_fit(family.name, capped(examples, family.name, seed=seed),
+                                         startup.features, _seed_for(seed, 0))
     if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
         resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
@@ -427,13 +425,13 @@ class StudyRun:
                  "%s), then from this study's own", self.name, len(examples),
                  sum(e.family == self.family.name for e in examples), self.family.name)
         positions = space.params_from_configs(self.family, self.accepted_all)
-        fitted = self.startup.fitted
-        if fitted is not None and self.startup.features is not None:
-            # prepared ahead, for the same SM count, from the same examples (their registers)
-            if fitted.key == fit_key(seed, examples):
-                return LearnedSpace(positions, self.startup.features, examples, fitted)
-            log.info("%s: the model's fit prepared ahead is of other examples; fitting it here",
-                     self.name)
+        if self.startup.features is not None:  # prepared ahead, for the same SM count
+            fitted = self.startup.fitted
+            if fitted is not None and fitted.key != fit_key(seed, examples):
+                log.info("%s: the model's fit prepared ahead is of other examples; fitting it "
+                         "here", self.name)
+                fitted = None
+            return LearnedSpace(positions, self.startup.features, examples, fitted)
         return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
                                   examples)
 
