@@ -143,6 +143,13 @@ def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | No
     return program, target, folder / f"{key}.cubin", folder / f"{key}.json"
 
 
+def cubin_key(family: Family, config: Config, arch: str = "sm_90") -> str:
+    """What addresses the config's CUBIN: configs that differ only in launch-time parameters
+    (RASTER, SPLITK) share it. ConfigError where the family rejects the config."""
+    program, target, _, _ = _entry(family, config, arch, ".")
+    return cache_key(program, target)
+
+
 def _read_entry(cubin_path: Path, meta_path: Path, arch: str, start: float) -> CompiledKernel | None:
     try:
         meta = json.loads(meta_path.read_text())

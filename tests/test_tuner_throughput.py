@@ -243,6 +243,52 @@ def test_a_cached_cubin_is_read_at_once_not_queued_behind_compiles(tmp_path):
         pool.close()
 
 
+def _sharing_and_other(name: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Two accepted configs of a family that differ only in RASTER (launch-time: one CUBIN),
+    and one of another CUBIN."""
+    family = kernels.get_family(name)
+    accepted = kernels.space.enumerate_accepted(family, "sm_90")
+    first = next(accepted)
+    rasters = dict((p.name, p.values) for p in family.params)["RASTER"]
+    other = next(c for c in accepted
+                 if kernels.compiler.cubin_key(family, c) != kernels.compiler.cubin_key(family, first))
+    return dict(first, RASTER=rasters[0]), dict(first, RASTER=rasters[1]), other
+
+
+def test_configs_that_share_a_cubin_share_one_compile(tmp_path):
+    """Configs differing only in launch-time parameters build one CUBIN: the pool hands the
+    second the first's compile instead of a worker that would wait on the cache entry's lock."""
+    from tuner.measure.live import CompilePool
+
+    vectorized = kernels.get_family("vectorized")
+    one, two, other = _sharing_and_other("vectorized")
+    pool = CompilePool("sm_90", tmp_path / "cubins", workers=2)
+    try:
+        first, second, third = (pool.submit(vectorized, c) for c in (one, two, other))
+        assert second is first and third is not first
+        assert first.result(timeout=120).cubin and third.result(timeout=120).cubin
+        assert pool._building == {}  # built: read from the cache from now on
+        again = pool.submit(vectorized, two)
+        assert again.done() and again.result().cubin == first.result().cubin
+    finally:
+        pool.close()
+
+
+def test_discarding_one_of_two_configs_that_share_a_compile_keeps_it_for_the_other(tmp_path):
+    vectorized = kernels.get_family("vectorized")
+    one, two, other = _sharing_and_other("vectorized")
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
+                       backend="tuner.testing") as evaluator:
+        evaluator.prepare(vectorized, other)  # the one worker compiles it: the next two wait
+        evaluator.prepare(vectorized, one)
+        evaluator.prepare(vectorized, two)
+        evaluator.discard(vectorized, one)
+        shared = evaluator._compiles[evaluator._key(vectorized, two)]
+        assert not shared.cancelled() and shared.result(timeout=120).cubin
+        evaluator.discard(vectorized, two)
+        assert list(evaluator._compiles) == [evaluator._key(vectorized, other)]
+
+
 def test_a_discarded_candidate_leaves_nothing_behind_in_the_evaluator(tmp_path):
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
                        backend="tuner.testing") as evaluator:

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import kernels
-from kernels.compiler import cached_config
+from kernels.compiler import cached_config, cubin_key
 
 from tuner.lifetime import child_init, kill_pool
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
@@ -287,6 +287,8 @@ class CompilePool:
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = None
+        # compiles queued or running, by the CUBIN they build (``cubin_key``)
+        self._building: dict[str, Future[_Compiled]] = {}
 
     def _pool(self) -> ProcessPoolExecutor:
         # The executor starts its processes from the calling thread, and each one's
@@ -310,18 +312,28 @@ class CompilePool:
         """The config's compile, queued on the workers; a CUBIN the cache holds already (the
         prior's compiles, an earlier command's) is read here instead, a millisecond, so that it
         does not wait in the queue behind other compiles (a new study's first candidates queued
-        behind the compiles its predecessor left running)."""
+        behind the compiles its predecessor left running). A config whose CUBIN is being built
+        for another (they differ only in launch-time parameters) gets that compile's future:
+        a second job would hold a worker waiting on the cache entry's lock (issue 19)."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
         try:
             found = cached_config(family, config, self.arch, self.cache_dir)
+            key: str | None = cubin_key(family, config, self.arch)
         except kernels.ConfigError:
-            found = None  # the worker raises it, as for any rejected config
+            found = key = None  # the worker raises it, as for any rejected config
         if found is not None:
             done: Future[_Compiled] = Future()
             done.set_result(_Compiled(found.cubin, dict(found.resources), found.seconds))
             return done
-        return self._pool().submit(_compile_job, _family_ref(family), dict(config), self.arch,
-                                   self.cache_dir)
+        building = self._building.get(key) if key is not None else None
+        if building is not None and not building.cancelled():
+            return building
+        job = self._pool().submit(_compile_job, _family_ref(family), dict(config), self.arch,
+                                  self.cache_dir)
+        if key is not None:
+            self._building[key] = job
+            job.add_done_callback(lambda _: self._building.pop(key, None))  # cached from now on
+        return job
 
     def close(self) -> None:
         """End the workers now, compiles in flight too: what the command still needed it has
@@ -329,6 +341,7 @@ class CompilePool:
         if self._executor is not None:
             kill_pool(self._executor)
             self._executor = None
+        self._building.clear()
 
 
 # ------------------------------------------------------------------ the evaluator
@@ -410,9 +423,10 @@ class LiveEvaluator:
 
     def discard(self, family: Any, config: dict[str, int]) -> None:
         """The study let a prepared candidate go: its compile is cancelled where it has not
-        begun, and its result is not kept (it was held until the evaluator closed)."""
+        begun and no other prepared config shares it, and its result is not kept (it was held
+        until the evaluator closed)."""
         future = self._compiles.pop(self._key(family, config), None)
-        if future is not None:
+        if future is not None and not any(other is future for other in self._compiles.values()):
             future.cancel()
 
     def ready(self, family: Any, config: dict[str, int]) -> bool:

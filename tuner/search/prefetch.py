@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 import kernels
+from kernels.compiler import cubin_key
 
 from tuner.lifetime import child_init, kill_pool
 from tuner.measure.phases import STARTUP_BG
@@ -81,8 +82,13 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
         _ahead = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) // AHEAD_SHARE),
                                     thread_name_prefix="compile-ahead")
     family = kernels.get_family(family_name)
+    programs = set()
     for row in first_picks(startup.features, fitted.scores, batch):
-        _ahead.submit(_compile_quietly, family, startup.accepted[row], arch, cache_dir)
+        config = startup.accepted[row]
+        program = cubin_key(family, config, arch)
+        if program not in programs:  # the picks' RASTER and SPLITK variants share a CUBIN
+            programs.add(program)
+            _ahead.submit(_compile_quietly, family, config, arch, cache_dir)
     return startup
 
 
