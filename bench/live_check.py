@@ -72,7 +72,7 @@ from tuner.run.options import DEFAULT_PATIENCE, EXIT_INTERRUPTED  # noqa: E402
 from tuner.run.tune import start_live, tune  # noqa: E402
 from tuner.search.learned import COSTLESS  # noqa: E402
 from tuner.search.samplers import SAMPLERS  # noqa: E402
-from tuner.search.study import ENUMERABLE_SPACE, enumerable  # noqa: E402
+from tuner.search import study  # noqa: E402
 
 RECORDINGS = BUNDLED_RECORDINGS
 # Two shapes no recording holds: one mid-size and uneven in all three, one wide and short.
@@ -385,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [f for f in args.family if f not in kernels.FAMILIES]
     if unknown:
         parser.error(f"unknown family {', '.join(unknown)}; allowed: {', '.join(kernels.FAMILIES)}")
-    too_large = [f for f in args.family if not enumerable(kernels.FAMILIES[f])]
+    too_large = [f for f in args.family if not study.enumerable(kernels.FAMILIES[f])]
     if args.sampler == "model" and too_large:  # python -m tuner refuses them: before any run
         parser.error(f"--sampler model ranks every accepted config, and {', '.join(too_large)} "
-                     f"has more than {ENUMERABLE_SPACE:,}: leave it out of --family")
+                     f"has more than {study.ENUMERABLE_SPACE:,}: leave it out of --family")
     if args.long_trials == 0 and not args.db:
         parser.error("--long-trials 0 takes the reference from --db: give --db")
     if min(args.checkpoints) < 1 or not args.seeds:

@@ -4,7 +4,8 @@
 (``tuner.search.learned``, ``--sampler model``) where the family's accepted configs are listed
 (``resolve``), which met issue 15's targets on 15 of the 18 recorded pairs against 7 for the
 TPE set-up below (leave-one-out, bench/NOTES.md); that TPE set-up (``--sampler prior``) where
-they are too many to list (split-K's space). Why each piece of the TPE set-up is there
+they are too many to list (``tuner.search.study.ENUMERABLE_SPACE``: every registered family's
+space is listed today). Why each piece of the TPE set-up is there
 (measurements in bench/NOTES.md, "Search set-up"):
 
 * positions, not categories (``tuner.search.space``): power-of-two tile sizes are ordered, so the
