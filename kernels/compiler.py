@@ -128,26 +128,29 @@ def compile_program(program: str, arch: str, name: str = "gemm.cu") -> tuple[byt
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None
-           ) -> tuple[str, str, Path, Path]:
-    """The program text, compile target and cache files of one config (ConfigError if rejected)."""
+def _program(family: Family, config: Config, arch: str) -> tuple[str, str]:
+    """The program text and compile target of one config (ConfigError if rejected)."""
     from kernels.space import ConfigError
 
     reasons = family.reject_reasons(config, arch)
     if reasons:
         raise ConfigError(f"{family.name} config {dict(config)} rejected: " + "; ".join(reasons))
-    program = family.program(config)
-    target = family.target(arch)  # e.g. sm_90a where the family needs wgmma
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = cache_key(program, target)
-    return program, target, folder / f"{key}.cubin", folder / f"{key}.json"
+    return family.program(config), family.target(arch)  # e.g. sm_90a where it needs wgmma
 
 
 def cubin_key(family: Family, config: Config, arch: str = "sm_90") -> str:
     """What addresses the config's CUBIN: configs that differ only in launch-time parameters
     (RASTER, SPLITK) share it. ConfigError where the family rejects the config."""
-    program, target, _, _ = _entry(family, config, arch, ".")
-    return cache_key(program, target)
+    return cache_key(*_program(family, config, arch))
+
+
+def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None
+           ) -> tuple[str, str, Path, Path]:
+    """The program text, compile target and cache files of one config (ConfigError if rejected)."""
+    program, target = _program(family, config, arch)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = cache_key(program, target)
+    return program, target, folder / f"{key}.cubin", folder / f"{key}.json"
 
 
 def _read_entry(cubin_path: Path, meta_path: Path, arch: str, start: float) -> CompiledKernel | None:

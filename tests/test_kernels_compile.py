@@ -124,3 +124,18 @@ def test_processes_sharing_a_cache_compile_an_entry_once(tmp_path):
             assert not any(a.ready() for a in asked), "a compile went ahead past the lock"
         compiled = sorted(a.get(timeout=120) for a in asked)
     assert compiled == [False, True], "exactly one process compiled"
+
+
+def test_configs_differing_only_in_launch_time_parameters_share_a_cubin_key():
+    from kernels.compiler import cubin_key
+    from kernels.space import enumerate_accepted
+
+    splitk = get_family("splitk")
+    accepted = enumerate_accepted(splitk, "sm_90")
+    config = next(accepted)
+    variants = [dict(config, SPLITK=s, RASTER=r) for s in (2, 32) for r in (1, 8)]
+    assert len({cubin_key(splitk, v) for v in variants}) == 1
+    other = next(c for c in accepted if c["STAGES"] != config["STAGES"])  # compiled in
+    assert cubin_key(splitk, other) != cubin_key(splitk, config)
+    with pytest.raises(ConfigError):
+        cubin_key(splitk, dict(config, BM=3))
