@@ -8,6 +8,7 @@ capped by the architecture.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
+# Pure in its arguments, and asked for the same few hundred of them again and again: the cost
+# model's feature rows ask it twice per config, for 214,440 split-K configs per study.
+@lru_cache(maxsize=4096)
 def occupancy(arch: str, threads_per_block: int, registers_per_thread: int,
               shared_bytes_per_block: int) -> Occupancy:
     lim = limits_for(arch)
