@@ -59,8 +59,6 @@ from typing import Any
 
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, LiveEvaluator, default_workers
 from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, Phases
-from tuner.run.cli import parse_args
-from tuner.run.tune import tune
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_EVERY_S = 0.1
@@ -391,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="with the CPU stand-in backend: seconds per evaluation")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    # Imported here, not at the top: each process the tuner spawns (compile workers, the GPU
+    # child, the start-up process) imports this script as its __main__ again, and these pull
+    # in Optuna, SQLAlchemy and the database layer; at the top they made the bench's one-time
+    # start twice the command's (bench/NOTES.md, session 18).
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import tune
+
 
     with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch:
         cache = args.cache or Path(scratch) / "cubins"
