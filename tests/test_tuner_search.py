@@ -296,7 +296,8 @@ def test_the_default_sampler_is_the_model_where_the_space_is_listed_else_the_pri
     listed = study_module.StudyRun(session, NAIVE, P1024,
                                    Budget(trials=4, timeout_s=None, patience=None), None)
     assert listed.sampler == "model" and isinstance(listed.study.sampler, ModelSampler)
-    # a space too large to list (split-K's, over a million configs): the prior set-up
+    # a space too large to list (the limit patched down: no shipped family is over it)
+    # runs the prior set-up
     monkeypatch.setattr(study_module, "ENUMERABLE_SPACE", 10)
     session = session_for(store, StandInEvaluator(), batch=2, compile_cache=tmp_path / "c2")
     outcome = run_study(session, NAIVE, P1024, Budget(trials=4, timeout_s=None, patience=None))
