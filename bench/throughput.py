@@ -396,7 +396,6 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.run.cli import parse_args
     from tuner.run.tune import tune
 
-
     with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch:
         cache = args.cache or Path(scratch) / "cubins"
         options = parse_args(tuner_argv(args, Path(scratch) / "gemmtune.sqlite", cache))

@@ -144,13 +144,17 @@ def cubin_key(family: Family, config: Config, arch: str = "sm_90") -> str:
     return cache_key(*_program(family, config, arch))
 
 
+def _paths(key: str, cache_dir: Path | str | None) -> tuple[Path, Path]:
+    """The cache files (CUBIN, metadata) of the CUBIN addressed by ``key``."""
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return folder / f"{key}.cubin", folder / f"{key}.json"
+
+
 def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None
            ) -> tuple[str, str, Path, Path]:
     """The program text, compile target and cache files of one config (ConfigError if rejected)."""
     program, target = _program(family, config, arch)
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = cache_key(program, target)
-    return program, target, folder / f"{key}.cubin", folder / f"{key}.json"
+    return program, target, *_paths(cache_key(program, target), cache_dir)
 
 
 def _read_entry(cubin_path: Path, meta_path: Path, arch: str, start: float) -> CompiledKernel | None:
@@ -163,13 +167,18 @@ def _read_entry(cubin_path: Path, meta_path: Path, arch: str, start: float) -> C
         return None  # absent, or a damaged entry: to be (re)built
 
 
+def cached_cubin(key: str, arch: str = "sm_90", cache_dir: Path | str | None = None
+                 ) -> CompiledKernel | None:
+    """The CUBIN the on-disk cache holds under ``key`` (``cubin_key``), else None; never
+    compiles."""
+    return _read_entry(*_paths(key, cache_dir), arch, time.perf_counter())
+
+
 def cached_config(family: Family, config: Config, arch: str = "sm_90",
                   cache_dir: Path | str | None = None) -> CompiledKernel | None:
     """The config's CUBIN where the on-disk cache holds it, else None; never compiles (a
     millisecond: what a caller can do inline instead of queueing a compile)."""
-    start = time.perf_counter()
-    _, _, cubin_path, meta_path = _entry(family, config, arch, cache_dir)
-    return _read_entry(cubin_path, meta_path, arch, start)
+    return cached_cubin(cubin_key(family, config, arch), arch, cache_dir)
 
 
 def compile_config(family: Family, config: Config, arch: str = "sm_90",

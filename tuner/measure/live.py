@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import kernels
-from kernels.compiler import cached_config, cubin_key
+from kernels.compiler import cached_cubin, cubin_key
 
 from tuner.lifetime import child_init, kill_pool
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
@@ -317,10 +317,10 @@ class CompilePool:
         a second job would hold a worker waiting on the cache entry's lock (issue 19)."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
         try:
-            found = cached_config(family, config, self.arch, self.cache_dir)
-            key: str | None = cubin_key(family, config, self.arch)
+            key: str | None = cubin_key(family, config, self.arch)  # the program text, once
         except kernels.ConfigError:
-            found = key = None  # the worker raises it, as for any rejected config
+            key = None  # the worker raises it, as for any rejected config
+        found = cached_cubin(key, self.arch, self.cache_dir) if key is not None else None
         if found is not None:
             done: Future[_Compiled] = Future()
             done.set_result(_Compiled(found.cubin, dict(found.resources), found.seconds))
