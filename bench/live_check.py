@@ -71,7 +71,7 @@ from tuner.run.cli import parse_args  # noqa: E402
 from tuner.run.options import DEFAULT_PATIENCE, EXIT_INTERRUPTED  # noqa: E402
 from tuner.run.tune import start_live, tune  # noqa: E402
 from tuner.search.learned import COSTLESS  # noqa: E402
-from tuner.search.samplers import SAMPLERS  # noqa: E402
+from tuner.search.choices import SAMPLERS  # noqa: E402
 from tuner.search import study  # noqa: E402
 
 RECORDINGS = BUNDLED_RECORDINGS

@@ -91,7 +91,7 @@ from tuner.problem import Problem  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 # LEARNING: they learn from the other recordings (leave-one-out); ``default`` is the model on
 # every recording (their grids are listed)
-from tuner.search.samplers import LEARNING, SAMPLERS, missing_packages  # noqa: E402
+from tuner.search.choices import LEARNING, SAMPLERS, missing_packages  # noqa: E402
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 COSTLESS = ("rejected", "missing")

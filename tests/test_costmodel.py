@@ -185,7 +185,8 @@ def test_with_examples_of_other_families_only_the_model_sampler_starts_from_the_
 
 
 def test_cli_offers_the_model_sampler(tmp_path):
-    from tuner.search.samplers import SAMPLERS, make_sampler
+    from tuner.search.choices import SAMPLERS
+    from tuner.search.samplers import make_sampler
 
     assert "model" in SAMPLERS
     with pytest.raises(ValueError, match="enumerated accepted configs"):

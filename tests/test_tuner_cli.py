@@ -17,7 +17,7 @@ from tuner.problem import DEFAULT_SHAPES, Problem
 from tuner.run.cli import parse_args
 from tuner.run.options import DEFAULT_TOTAL_SECONDS
 from tuner.run.tune import tune
-from tuner.search.samplers import missing_packages
+from tuner.search.choices import missing_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,18 @@ def test_budget_is_the_time_the_studies_share_and_timeout_bounds_each_instead():
     assert parse_args(["--budget", "420"]).budget.total_seconds() == 420
     timed = parse_args(["--timeout", "9"]).budget
     assert timed.total_seconds() is None and timed.study_budget().timeout_s == 9
+
+
+def test_the_command_parses_before_the_heavy_imports():
+    """A live run starts its GPU process after parsing and imports Optuna and SQLAlchemy while
+    that process starts CUDA (tuner.run.tune.live_main): parsing must not import them."""
+    probe = ("import sys; from tuner.run.cli import parse_args; import tuner.run.tune; "
+             "parse_args(['--shape', '64x64x64', '--kernel', 'naive']); "
+             "print(sorted(m for m in ('optuna', 'sqlalchemy', 'db', 'sklearn') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_bad_input_through_the_command_stores_nothing(tmp_path):

@@ -98,6 +98,29 @@ def test_no_gpu_is_reported_with_the_reason(tmp_path, monkeypatch):
         LiveEvaluator(0, cache_dir=tmp_path, backend="tuner.testing")
 
 
+def test_a_started_evaluator_reports_no_gpu_when_waited_for_and_closes(tmp_path, monkeypatch):
+    """``wait=False`` (the command imports the search meanwhile): the constructor returns with
+    the processes starting; the reason comes from ``wait_started``, which closes everything."""
+    monkeypatch.setenv("GEMMTUNE_STANDIN_NO_GPU", "no CUDA driver in this test")
+    evaluator = LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                              wait=False)
+    child = evaluator.child.process
+    assert child is not None and evaluator.pool.arch is None  # not known before the child says
+    with pytest.raises(GpuUnavailable, match="no CUDA driver in this test"):
+        evaluator.wait_started()
+    assert evaluator.child.process is None and not child.is_alive()
+    assert evaluator.pool._executor is None
+
+
+def test_a_started_evaluator_measures_once_waited_for(tmp_path):
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       wait=False) as evaluator:
+        evaluator.wait_started()
+        evaluator.wait_started()  # a second wait returns at once
+        assert evaluator.pool.arch == evaluator.arch() and evaluator.info()["name"]
+        assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
+
+
 def test_a_fault_while_another_candidate_waits_in_the_queue(planted_evaluator):
     """Asynchronous requests (issue 19): the candidate queued behind one that faults or hangs was
     never measured by the dying child; the new child measures it, and its answer is the one a

@@ -269,7 +269,7 @@ def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(
 @pytest.mark.parametrize("sampler", ["default", "model", "prior", "hybrid", "tpe", "random",
                                      "cmaes", "gp"])
 def test_every_sampler_runs_a_study_without_measuring_a_config_twice(store, sampler):
-    from tuner.search.samplers import missing_packages
+    from tuner.search.choices import missing_packages
 
     if missing_packages(sampler):
         pytest.skip(f"--sampler {sampler} needs {missing_packages(sampler)}")

@@ -1,8 +1,21 @@
-"""Plain-text tables for the terminal."""
+"""What the command writes on the terminal: plain-text tables, and its logging set-up."""
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
+
+
+def configure_logging(verbose: int) -> None:
+    """The command's log level (``-v`` counted) for its own loggers and for Optuna's, which sets
+    its level when first imported: so called once Optuna is (``tuner.run.tune.live_main``
+    imports it while the GPU process starts)."""
+    import optuna
+
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    optuna.logging.set_verbosity(logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -139,6 +139,11 @@ class GpuChild:
         self._sender: threading.Thread | None = None
 
     def start(self, timeout: float = SETUP_TIMEOUT_S) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process; returns at once (``wait_ready`` waits for its CUDA start)."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         self.process = ctx.Process(
@@ -153,6 +158,10 @@ class GpuChild:
         self._sender = threading.Thread(target=self._send_loop, args=(parent, self._outbox),
                                         name=f"gemmtune-gpu{self.device}-send", daemon=True)
         self._sender.start()
+
+    def wait_ready(self, timeout: float = SETUP_TIMEOUT_S) -> None:
+        """Wait for the launched process's first word: ready, or why it cannot measure
+        (GpuUnavailable, RuntimeError; the process is stopped then)."""
         kind, payload = self._receive(timeout, "starting")
         if kind == "unavailable":
             self.stop()
@@ -361,7 +370,11 @@ class LiveEvaluator:
         backend: str = DEFAULT_BACKEND,
         backend_options: dict[str, Any] | None = None,
         queue_depth: int = QUEUE_DEPTH,
+        wait: bool = True,
     ) -> None:
+        """Starts the GPU child and the compile processes. ``wait``: return once they are
+        ready (raising GpuUnavailable or RuntimeError where the child cannot measure); else at
+        once, and ``wait_started`` does that later (the caller imports meanwhile)."""
         self.trial_timeout_s = trial_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.queue_depth = max(1, queue_depth)
@@ -369,20 +382,36 @@ class LiveEvaluator:
         self.child = GpuChild(device, backend, backend_options or {})
         # the compile processes start while the GPU child does (part of the one-time start)
         self.pool = CompilePool(None, cache_dir, workers or default_workers())
-        try:
-            warming = self.pool.start()
-            self.child.start(setup_timeout_s)
-            self.pool.arch = self.child.arch
-            for future in warming:
-                future.result()
-        except BaseException:
-            self.pool.close()
-            raise
         self.problem: Problem | None = None
         self.replacements = 0
         self._compiles: dict[tuple, Future[_Compiled]] = {}
         self._queued: deque[Ticket] = deque()  # posted to the child, not yet answered, in order
         self._answered_at = 0.0  # when the child's last answer was read
+        self._warming: list[Future[int]] | None = None  # None once started
+        try:
+            self._warming = self.pool.start()
+            self.child.launch()
+        except BaseException:
+            self.close()
+            raise
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Wait until the GPU child is ready and every compile process has started (at once
+        after the first time); a child that cannot measure raises GpuUnavailable or
+        RuntimeError, and the evaluator is closed."""
+        if self._warming is None:
+            return
+        try:
+            self.child.wait_ready(self.setup_timeout_s)
+            self.pool.arch = self.child.arch
+            for future in self._warming:
+                future.result()
+        except BaseException:
+            self.close()
+            raise
+        self._warming = None
 
     @property
     def batch(self) -> int:

@@ -17,12 +17,13 @@ from typing import Callable, Sequence
 
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
+from tuner.report import configure_logging
 from tuner.run.options import (DEFAULT_DRY_RUN_CONFIGS, DEFAULT_HEARTBEAT_S, DEFAULT_PATIENCE,
                                DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, DEFAULT_TOTAL_SECONDS,
                                DEFAULT_TRIALS, EXIT_FAILED, EXIT_OK, BudgetOptions, DryRunOptions,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions,
                                WorkerOptions)
-from tuner.search.samplers import SAMPLERS, missing_packages
+from tuner.search.choices import SAMPLERS, missing_packages
 
 log = logging.getLogger("tuner")
 
@@ -251,18 +252,13 @@ def _cache_dir(flag: str | None) -> Path | None:
     return Path(chosen).expanduser() if chosen else None  # None: kernels' default folder
 
 
-def _configure_logging(verbose: int) -> None:
-    import optuna
-
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    optuna.logging.set_verbosity(logging.DEBUG if verbose >= 2 else logging.WARNING)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
-    _configure_logging(options.verbose)
+    if options.mode == "tune" and not options.replay:
+        from tuner.run.tune import live_main
+
+        return live_main(options)  # it sets up logging once its GPU process is starting
+    configure_logging(options.verbose)
     if options.mode == "dry-run":
         from tuner.measure.live import default_workers
         from tuner.run.dryrun import dry_run
@@ -276,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tuner.run.worker import worker_main
 
         return worker_main(options)
-    from tuner.run.tune import live_main, replay_main
+    from tuner.run.tune import replay_main
 
-    return replay_main(options) if options.replay else live_main(options)
+    return replay_main(options)
 

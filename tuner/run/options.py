@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.measure.live import DEFAULT_BACKEND, DEFAULT_TRIAL_TIMEOUT_S
 from tuner.problem import Problem
-from tuner.search.study import Budget
+
+if TYPE_CHECKING:  # the search imports Optuna and the database layer: not while parsing
+    from tuner.search.study import Budget
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -44,6 +46,8 @@ class BudgetOptions:
     total_s: float = DEFAULT_TOTAL_SECONDS  # shared by the studies unless timeout_s is given
 
     def study_budget(self) -> Budget:
+        from tuner.search.study import Budget
+
         return Budget(trials=self.trials, timeout_s=self.timeout_s,
                       patience=self.patience or None)
 
@@ -54,6 +58,8 @@ class BudgetOptions:
     def for_job(self, job_budget: Mapping[str, Any]) -> tuple[Budget, float | None]:
         """A job's study budget and shared wall time: what the job's budget gives, these options
         where it gives nothing."""
+        from tuner.search.study import Budget
+
         patience = job_budget.get("patience", self.patience)
         budget = Budget(trials=job_budget.get("trials", self.trials), timeout_s=self.timeout_s,
                         patience=patience or None)

@@ -13,16 +13,19 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import db
+from typing import TYPE_CHECKING, Any
 
 from tuner.lifetime import StopRequest
 from tuner.measure.phases import Phases
+from tuner.report import configure_logging
 from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions)
-from tuner.search.samplers import LEARNING
-from tuner.search.study import Session
+from tuner.search.choices import LEARNING
+
+# The database layer and the search (SQLAlchemy, Optuna) are imported where they are used: a
+# live run imports them while its GPU process starts (``live_main``).
+if TYPE_CHECKING:
+    from tuner.search.study import Session
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Stores:
 
 def open_stores(options: StoreOptions) -> Stores | None:
     """Both stores, or None after saying on stderr which one is unusable (the caller exits 2)."""
+    import db
     from tuner.run.storage import is_server, open_storage
 
     try:
@@ -62,6 +66,8 @@ def open_stores(options: StoreOptions) -> Stores | None:
 
 def register_gpu(database: Any, evaluator: Any) -> tuple[int, str]:
     """Stores the evaluator's GPU (the db.GpuInfo fields of its ``info()``): (id, name)."""
+    import db
+
     known = {f.name for f in dataclasses.fields(db.GpuInfo)}
     info = db.GpuInfo(**{k: v for k, v in evaluator.info().items() if k in known})
     return database.ensure_gpu(info), info.name
@@ -71,6 +77,8 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
                 compile_cache: Path | None, command: str, stop: Any,
                 progress: bool = True) -> Session:
     """What every study of one command (or one job) shares."""
+    from tuner.search.study import Session
+
     gpu_id, gpu_name = gpu
     return Session(
         database=stores.database, evaluator=evaluator, storage=stores.storage,
@@ -115,12 +123,14 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
 
 
-def start_live(options: EvaluatorOptions) -> Any:
-    """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError."""
+def start_live(options: EvaluatorOptions, *, wait: bool = True) -> Any:
+    """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError.
+    ``wait=False``: started, not yet ready (``LiveEvaluator.wait_started`` raises those)."""
     from tuner.measure.live import LiveEvaluator
 
     return LiveEvaluator(options.gpu, cache_dir=options.cache_dir, workers=options.workers,
-                         trial_timeout_s=options.trial_timeout_s, backend=options.backend)
+                         trial_timeout_s=options.trial_timeout_s, backend=options.backend,
+                         wait=wait)
 
 
 def live_main(options: Options) -> int:
@@ -129,7 +139,19 @@ def live_main(options: Options) -> int:
 
     gpu = options.evaluator.gpu
     try:
-        evaluator = start_live(options.evaluator)
+        evaluator = start_live(options.evaluator, wait=False)
+        # While the GPU process starts CUDA and cuBLAS and the compile processes NVRTC (1-2 s
+        # on the H100 host), this one imports the search and the stores (Optuna, SQLAlchemy:
+        # about as long there), which it did before starting them, and loads the bundled
+        # recordings the model's first fits learn from (bench/NOTES.md, issue 19).
+        import tuner.run.session  # noqa: F401
+        from tuner.measure.recording import all_bundled
+
+        configure_logging(options.verbose)  # after Optuna's import, which sets its level
+
+        if options.search.sampler in LEARNING:
+            all_bundled()
+        evaluator.wait_started()
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",

@@ -31,7 +31,7 @@ from tuner.measure.phases import STARTUP_BG
 from tuner.problem import Problem
 from tuner.search.costmodel import Example
 from tuner.search.learned import examples_for_study, first_picks
-from tuner.search.samplers import LEARNING
+from tuner.search.choices import LEARNING
 from tuner.search.study import Session, Startup, prepare_startup
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,6 @@ space is listed today). Why each piece of the TPE set-up is there
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import warnings
 from dataclasses import dataclass
@@ -45,23 +44,11 @@ from optuna.samplers._tpe.sampler import _split_trials, default_gamma
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.search.choices import PRIOR_SAMPLERS, SAMPLERS
+
 # CMA-ES ignores constraints by design; it sees failed configs through their 0 GFLOP/s value.
 warnings.filterwarnings("ignore", message="Constraints have been set, but CmaEsSampler",
                         category=UserWarning)
-
-SAMPLERS = ("default", "model", "prior", "hybrid", "tpe", "gp", "cmaes", "random")
-# the TPE set-up started from the static prior's ranking (FeasibleSampler)
-PRIOR_SAMPLERS = ("prior", "hybrid")
-# samplers that may start from the static prior's ranking (tuner.search.prior), which is then
-# prepared ahead (tuner.search.prefetch): the model's where it has not learned the family
-RANKED_STARTUP = ("default", "model", *PRIOR_SAMPLERS)
-# samplers that fit the learned cost model (tuner.search.costmodel), on any listed space
-LEARNING = ("default", "model", "hybrid")
-
-# Extra packages each sampler needs beyond Optuna itself.
-_NEEDS: dict[str, tuple[str, ...]] = {"gp": ("torch", "scipy"), "cmaes": ("cmaes",),
-                                      "default": ("sklearn",), "model": ("sklearn",),
-                                      "hybrid": ("sklearn",)}
 
 # Name of the constraint every trial carries (``Trial.set_constraint``): > 0 for rejected,
 # failed and wrong configs, 0 for verified ones. Optuna treats <= 0 as feasible; samplers that
@@ -96,10 +83,6 @@ class SearchSpace:
     # start-up picks ahead of ``startup`` that the hybrid measures before the prior set-up's six
     # (the cost model's top-ranked configs when it learned from the same family elsewhere)
     model_picks: int = 0
-
-
-def missing_packages(name: str) -> list[str]:
-    return [pkg for pkg in _NEEDS.get(name, ()) if importlib.util.find_spec(pkg) is None]
 
 
 def resolve(name: str, listed: bool) -> str:

@@ -35,8 +35,9 @@ from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, PreparedFit, Unit, capped,
                                   examples_for_study, fit_key, learns_family, model_picks,
                                   prepare_fit)
-from tuner.search.samplers import (CONSTRAINT, LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP,
-                                   STARTUP_TRIALS, SearchSpace, make_sampler, resolve)
+from tuner.search.choices import LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP
+from tuner.search.samplers import (CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler,
+                                   resolve)
 from tuner.search.warmstart import warm_start_configs
 from tuner.search.writer import StoreWriter, done
 
