@@ -29,7 +29,7 @@ from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.search import space
 from tuner.search.learned import (LearnedSpace, ModelSampler, capped, examples_from_recordings,
                                   first_picks)
-from tuner.search.study import Budget, Session, _enumerate, _rank, _seed_for
+from tuner.search.study import Budget, Session, _accepted_configs, _enumerate, _rank, _seed_for
 
 BLOCKTILE1D = kernels.get_family("blocktile1d")  # 284 accepted configs, one group each
 NAIVE = kernels.get_family("naive")
@@ -202,6 +202,20 @@ def _startups_logged(tmp_path: Path, folder: str, prefetch: bool,
     database.close()
     return [r.getMessage().split(" in ")[0] + r.getMessage().split("):")[1]
             for r in caplog.records if "start-up from the static prior" in r.getMessage()]
+
+
+def test_the_compile_pools_usage_is_the_priors_own(tmp_path):
+    """The command's first start-up ranks with the compile processes' reports
+    (``CompilePool.usage``): the same Usage as NVRTC on this process's threads, and None for a
+    config the family rejects."""
+    configs = _accepted_configs(NAIVE, "sm_90")[:3]
+    with LiveEvaluator(0, cache_dir=tmp_path / "pool", workers=1,
+                       backend="tuner.testing") as evaluator:
+        pooled = evaluator.pool.usage(NAIVE)
+        assert pooled({"BX": 128, "BY": 32, "COALESCED": 1}) is None  # 4096 threads: rejected
+        from_pool = [pooled(c) for c in configs]
+    here = prior.compiled_usage(NAIVE, "sm_90", tmp_path / "here")
+    assert from_pool == [here(c) for c in configs] and all(u is not None for u in from_pool)
 
 
 def test_tune_all_prepares_the_next_start_up_ahead_with_the_same_result(tmp_path, caplog):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Mapping
 
 import kernels
 from kernels.compiler import cached_cubin, cubin_key
@@ -34,7 +34,7 @@ from tuner.lifetime import child_init, kill_pool
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
 from tuner.measure.phases import (COMPILE_WAIT, GPU_SEND, GPU_WAIT, PREPARE, REPLACE, SETUP,
                                   Phases)
-from tuner.measure.resources import summarize
+from tuner.measure.resources import Resources, Usage, summarize
 from tuner.problem import Problem, config_key
 
 log = logging.getLogger(__name__)
@@ -343,6 +343,25 @@ class CompilePool:
             self._building[key] = job
             job.add_done_callback(lambda _: self._building.pop(key, None))  # cached from now on
         return job
+
+    def usage(self, family: Any) -> Resources:
+        """The static prior's ``Resources`` compiled by these processes (blocking, through the
+        CUBIN cache): a command's first start-up ranks while they are otherwise idle, instead
+        of compiling on threads of the main process, whose NVRTC is cold and whose other
+        threads hold the GIL meanwhile. None where a config does not compile."""
+
+        def usage(config: Mapping[str, int]) -> Usage | None:
+            try:
+                compiled = self.submit(family, dict(config)).result()
+            except kernels.ConfigError:
+                return None
+            main = compiled.resources.get("gemm")
+            if compiled.error is not None or main is None:
+                return None
+            return Usage(main.registers, main.shared_static_bytes,
+                         main.spill_store_bytes + main.spill_load_bytes)
+
+        return usage
 
     def close(self) -> None:
         """End the workers now, compiles in flight too: what the command still needed it has

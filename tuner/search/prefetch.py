@@ -171,9 +171,12 @@ class StartupPrefetch:
             return
         if self._here is None:
             self._here = ThreadPoolExecutor(max_workers=1, thread_name_prefix="first-startup")
-        # (no compiles ahead here: the study's own pool starts them as soon as it asks)
+        # (no compiles ahead here: the study's own pool starts them as soon as it asks; the
+        # prior's compiles run in that pool too, idle until then)
+        pool = getattr(self.session.evaluator, "pool", None)
         self._jobs[(family.name, problem)] = self._here.submit(
-            prepare_startup, *self._arguments(family, problem, rank))
+            prepare_startup, *self._arguments(family, problem, rank),
+            usage=None if pool is None else pool.usage(family))
 
     def _examples(self, problem: Problem) -> list[Example] | None:
         """The model's examples of other problems as a study of ``problem`` reads them (its

@@ -27,6 +27,7 @@ from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, asynchronous,
                                      collect, queue_depth, submit)
 from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
+from tuner.measure.resources import Resources
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
 from tuner.search import enumcache, prior, space
@@ -262,11 +263,14 @@ def _rank(family: Any, arch: str, problem: Problem, startup: Startup, sm_count: 
 def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
                     batch: int, seed: int | None, prior_compiles: int,
                     cache_dir: str | None, rank: bool = True,
-                    examples: Sequence[Example] | None = None) -> Startup:
+                    examples: Sequence[Example] | None = None,
+                    usage: Resources | None = None) -> Startup:
     """A registered family's start-up inputs with the prior's compiles (NVRTC, CUBIN cache):
     what ``StudyRun`` computes itself when it was not prepared ahead. ``rank``: False where
     the study will not start from the prior (``ranks_prior``): enumerated only. ``examples``:
-    the model's examples of other problems (``examples_for_study``), to fit it ahead on."""
+    the model's examples of other problems (``examples_for_study``), to fit it ahead on.
+    ``usage``: how the prior's compiles are made (default: NVRTC on threads of this process;
+    the live evaluator's compile processes, ``CompilePool.usage``, give the same reports)."""
     started = time.perf_counter()
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
@@ -276,7 +280,8 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
             startup.fitted = prepare_fit(family.name, capped(examples, family.name, seed=seed),
                                          startup.features, _seed_for(seed, 0))
     if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
-        resources = (prior.compiled_usage(family, arch, cache_dir) if prior_compiles else None)
+        resources = ((usage or prior.compiled_usage(family, arch, cache_dir)) if prior_compiles
+                     else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
     startup.seconds = time.perf_counter() - started
