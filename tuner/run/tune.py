@@ -140,17 +140,20 @@ def live_main(options: Options) -> int:
     gpu = options.evaluator.gpu
     try:
         evaluator = start_live(options.evaluator, wait=False)
-        # While the GPU process starts CUDA and cuBLAS and the compile processes NVRTC (1-2 s
-        # on the H100 host), this one imports the search and the stores (Optuna, SQLAlchemy:
-        # about as long there), which it did before starting them, and loads the bundled
-        # recordings the model's first fits learn from (bench/NOTES.md, issue 19).
-        import tuner.run.session  # noqa: F401
-        from tuner.measure.recording import all_bundled
+        try:
+            # While the GPU process starts CUDA and cuBLAS and the compile processes NVRTC
+            # (1-2 s on the H100 host), this one imports the search and the stores (Optuna,
+            # SQLAlchemy: 2.5-3.5 s there), which it did before starting them, and loads the
+            # bundled recordings the model's first fits learn from (bench/NOTES.md, issue 19).
+            import tuner.run.session  # noqa: F401
+            from tuner.measure.recording import all_bundled
 
-        configure_logging(options.verbose)  # after Optuna's import, which sets its level
-
-        if options.search.sampler in LEARNING:
-            all_bundled()
+            configure_logging(options.verbose)  # after Optuna's import, which sets its level
+            if options.search.sampler in LEARNING:
+                all_bundled()
+        except BaseException:
+            evaluator.close()
+            raise
         evaluator.wait_started()
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
