@@ -32,6 +32,11 @@ class Resources:
     stack_bytes: int
 
 
+# The GEMM kernel's entry name in every family's program (``Family.kernel_name``); a split-K
+# reduction beside it has its own.
+MAIN_KERNEL = "gemm"
+
+
 @dataclass(frozen=True)
 class CompiledKernel:
     cubin: bytes
@@ -44,7 +49,7 @@ class CompiledKernel:
     @property
     def main(self) -> Resources:
         """Resources of the GEMM kernel itself (not the split-K reduction)."""
-        return self.resources["gemm"]
+        return self.resources[MAIN_KERNEL]
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")

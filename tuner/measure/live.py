@@ -28,13 +28,13 @@ from types import ModuleType
 from typing import Any, Mapping
 
 import kernels
-from kernels.compiler import cached_cubin, cubin_key
+from kernels.compiler import MAIN_KERNEL, cached_cubin, cubin_key
 
 from tuner.lifetime import child_init, kill_pool
 from tuner.measure.evaluator import COMPILE_ERROR, CRASHED, TIMEOUT, Baseline, Measurement
 from tuner.measure.phases import (COMPILE_WAIT, GPU_SEND, GPU_WAIT, PREPARE, REPLACE, SETUP,
                                   Phases)
-from tuner.measure.resources import Resources, Usage, summarize
+from tuner.measure.resources import Resources, Usage, summarize, usage_of
 from tuner.problem import Problem, config_key
 
 log = logging.getLogger(__name__)
@@ -355,11 +355,8 @@ class CompilePool:
                 compiled = self.submit(family, dict(config)).result()
             except kernels.ConfigError:
                 return None
-            main = compiled.resources.get("gemm")
-            if compiled.error is not None or main is None:
-                return None
-            return Usage(main.registers, main.shared_static_bytes,
-                         main.spill_store_bytes + main.spill_load_bytes)
+            main = compiled.resources.get(MAIN_KERNEL)
+            return None if compiled.error is not None or main is None else usage_of(main)
 
         return usage
 

@@ -24,6 +24,12 @@ class Usage:
 Resources = Callable[[Mapping[str, int]], "Usage | None"]
 
 
+def usage_of(main: Any) -> Usage:
+    """The Usage of a compiled main kernel from its ptxas report (``kernels.Resources``)."""
+    return Usage(main.registers, main.shared_static_bytes,
+                 main.spill_store_bytes + main.spill_load_bytes)
+
+
 @dataclass(frozen=True)
 class ResourceSummary:
     kernel: str  # the main (first launched) kernel; a split-K reduction is not the bottleneck

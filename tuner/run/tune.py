@@ -151,10 +151,10 @@ def live_main(options: Options) -> int:
             configure_logging(options.verbose)  # after Optuna's import, which sets its level
             if options.search.sampler in LEARNING:
                 all_bundled()
+            evaluator.wait_started()
         except BaseException:
-            evaluator.close()
+            evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
             raise
-        evaluator.wait_started()
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import kernels
 
-from tuner.measure.resources import Resources, Usage
+from tuner.measure.resources import Resources, Usage, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +169,7 @@ def compiled_usage(family: Any, arch: str, cache_dir: Any = None) -> Resources:
             compiled = kernels.compile_config(family, dict(config), arch, cache_dir=cache_dir)
         except (kernels.CompileError, kernels.ConfigError, ImportError, OSError, RuntimeError):
             return None
-        main = compiled.main
-        return Usage(main.registers, main.shared_static_bytes,
-                     main.spill_store_bytes + main.spill_load_bytes)
+        return usage_of(compiled.main)
 
     return usage
 
