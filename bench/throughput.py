@@ -356,6 +356,10 @@ def print_report(result: dict[str, Any]) -> None:
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
           f"{idle['after_last_s']:.2f} s after its last")
+    ahead = result.get("compiled_ahead")
+    if ahead:
+        print(f"compiles begun ahead of the model's asks: {ahead['begun']}, "
+              f"{ahead['taken']} of them asked for")
     if result.get("host_cpu_share") is not None:
         print(f"host CPU busy (all cores, /proc/stat) over tuning wall: {result['host_cpu_share']:.1%}")
     if result.get("studies"):
@@ -416,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
             status = tune(options, evaluator, progress=False)
             info, arch = evaluator.info(), evaluator.arch()
             workers, batch = evaluator.pool.workers, evaluator.batch
+            # compiles begun for the model's foreseen asks, and how many it then asked for
+            ahead = {"begun": evaluator.pool.ahead_begun, "taken": evaluator.pool.ahead_taken}
         wall_s = time.perf_counter() - started
         tuning_span = (tuning_from, time.monotonic())
         sampler.stop()
@@ -437,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "families": [f.name for f in options.families],
         "shapes": [p.shape for p in options.problems], "timeout_s": args.timeout,
         "workers": workers, "batch": batch, "queue_depth": evaluator.queue_depth,
+        "compiled_ahead": ahead,
         "cores": os.cpu_count(), "standin_measure_s": args.standin_measure_s or None,
         "exit_status": status, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })

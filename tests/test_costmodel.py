@@ -425,3 +425,38 @@ def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
     assert asked == [positions[row] for row in picks]
     groups = learned_module.geometry_groups(learned.x)[picks]
     assert max(np.unique(groups, return_counts=True)[1]) == learned_module.PENDING_PER_GROUP
+
+
+def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings):
+    """What a live study compiles ahead (``ModelSampler.upcoming``) is what the next asks take
+    while no result comes back (uniform asks off): the scores, the window's geometry groups
+    and the configs in flight as the asks will see them; foreseeing them draws nothing from
+    the sampler's rng and refits nothing."""
+    from tuner.search import learned as learned_module
+    from tuner.search import space
+    from tuner.search.samplers import SearchSpace, make_sampler
+    from tuner.search.study import _accepted_configs
+
+    monkeypatch.setattr(learned_module, "EPSILON", 0.0)
+    monkeypatch.setattr(learned_module, "PENDING_PER_GROUP", 1)  # groups fill in the window
+    family = kernels.get_family("vectorized")
+    problem = Problem(1536, 1792, 2048)  # no recording holds it
+    accepted = _accepted_configs(family, "sm_90")
+    positions = space.params_from_configs(family, accepted)
+    examples = [e for e in examples_from_recordings(recordings) if e.gpu.startswith("NVIDIA H100")]
+    learned = LearnedSpace.build(family, accepted, positions, problem, Target(132, "sm_90"),
+                                 examples)
+    sampler = make_sampler("model", 5, SearchSpace(
+        space.distributions(family), space.feasibility(family, "sm_90"), learned=learned))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    distributions = space.distributions(family)
+    for number in range(12):  # measured: refitted on its own results since
+        study.tell(study.ask(distributions), float(1 + number % 5))
+    held = [study.ask(distributions) for _ in range(10)]  # in flight, no result yet
+    state, fits = sampler.rng.getstate(), sampler.fits
+    foreseen = sampler.upcoming(study, 12)
+    assert sampler.rng.getstate() == state and sampler.fits == fits
+    asked = [study.ask(distributions).params for _ in range(12)]
+    assert asked == [positions[row] for row in foreseen]
+    assert not {tuple(sorted(t.params.items())) for t in held} & {
+        tuple(sorted(p.items())) for p in asked}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import kernels
 from kernels.compiler import MAIN_KERNEL, cached_cubin, cubin_key
@@ -261,6 +261,10 @@ def _family_ref(family: Any) -> Any:
     return family.name if kernels.FAMILIES.get(family.name) is family else family
 
 
+# Compile workers ``compile_ahead`` leaves idle: the search's next asks that it did not foresee
+# start at once instead of queueing behind a guess.
+SPARE_WORKERS = 2
+
 # Cores left to the main thread (asks, tells, stores) and the GPU child (launches, verification).
 RESERVED_CORES = 2
 
@@ -298,6 +302,11 @@ class CompilePool:
         self._executor: ProcessPoolExecutor | None = None
         # compiles queued or running, by the CUBIN they build (``cubin_key``)
         self._building: dict[str, Future[_Compiled]] = {}
+        self._begun: set[str] = set()  # CUBINs ``begin`` started or found cached
+        self._keys: dict[tuple[str, str, Any], str] = {}  # ``_cubin_key``'s
+        self._ahead: set[str] = set()  # CUBINs ``begin`` started that no submit has asked for
+        self.ahead_begun = 0  # compiles ``begin`` started
+        self.ahead_taken = 0  # of those, asked for by a submit afterwards
 
     def _pool(self) -> ProcessPoolExecutor:
         # The executor starts its processes from the calling thread, and each one's
@@ -326,9 +335,12 @@ class CompilePool:
         a second job would hold a worker waiting on the cache entry's lock (issue 19)."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
         try:
-            key: str | None = cubin_key(family, config, self.arch)  # the program text, once
+            key: str | None = self._cubin_key(family, config)
         except kernels.ConfigError:
             key = None  # the worker raises it, as for any rejected config
+        if key in self._ahead:
+            self._ahead.discard(key)
+            self.ahead_taken += 1
         found = cached_cubin(key, self.arch, self.cache_dir) if key is not None else None
         if found is not None:
             done: Future[_Compiled] = Future()
@@ -337,12 +349,47 @@ class CompilePool:
         building = self._building.get(key) if key is not None else None
         if building is not None and not building.cancelled():
             return building
+        return self._start(key, family, config)
+
+    def _start(self, key: str | None, family: Any, config: dict[str, int]
+               ) -> Future[_Compiled]:
         job = self._pool().submit(_compile_job, _family_ref(family), dict(config), self.arch,
                                   self.cache_dir)
         if key is not None:
             self._building[key] = job
             job.add_done_callback(lambda _: self._building.pop(key, None))  # cached from now on
         return job
+
+    def _cubin_key(self, family: Any, config: Mapping[str, int]) -> str:
+        """``cubin_key`` (the program's text rendered and hashed, on the main thread) once per
+        config: a config ``begin`` started is submitted again when it is asked for."""
+        name = (family.name, family.source_hash, config_key(config))
+        key = self._keys.get(name)
+        if key is None:
+            key = self._keys[name] = cubin_key(family, config, self.arch)
+        return key
+
+    def idle(self) -> int:
+        """Workers with no compile queued for them (each job in ``_building`` holds one)."""
+        return max(0, self.workers - len(self._building))
+
+    def begin(self, family: Any, config: dict[str, int]) -> bool:
+        """Start the config's compile for the cache where its CUBIN is neither cached nor
+        being built; whether one was started. Nothing waits for it: a later ``submit`` of it
+        (or of a config sharing its CUBIN) takes it from the cache or shares the job."""
+        try:
+            key = self._cubin_key(family, config)
+        except kernels.ConfigError:
+            return False
+        if key in self._begun or key in self._building:
+            return False
+        self._begun.add(key)
+        if cached_cubin(key, self.arch, self.cache_dir) is not None:
+            return False
+        self._start(key, family, config)
+        self._ahead.add(key)
+        self.ahead_begun += 1
+        return True
 
     def usage(self, family: Any) -> Resources:
         """The static prior's ``Resources`` compiled by these processes (blocking, through the
@@ -473,6 +520,21 @@ class LiveEvaluator:
         future = self._compiles.pop(self._key(family, config), None)
         if future is not None and not any(other is future for other in self._compiles.values()):
             future.cancel()
+
+    def compile_ahead(self, family: Any, configs: Iterable[dict[str, int]]) -> int:
+        """Begin the compiles of ``configs`` (in order; those cached or being built are
+        skipped) on workers that are idle now, leaving ``SPARE_WORKERS`` idle for the
+        candidates asked next; how many began. For the configs a search will likely ask
+        for next (``ModelSampler.upcoming``): when it asks, their compiles are done or
+        under way instead of starting then (issue 19)."""
+        began, configs = 0, iter(configs)
+        with self.phases.timed(PREPARE):
+            while self.pool.idle() > SPARE_WORKERS:  # (checked before one more is taken)
+                config = next(configs, None)
+                if config is None:
+                    break
+                began += self.pool.begin(family, config)
+        return began
 
     def ready(self, family: Any, config: dict[str, int]) -> bool:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""

@@ -295,19 +295,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if not search_space:
             return {}
         names = list(search_space)
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number != trial.number]
-        # an array over the accepted configs, not a key per config and ask (tens of thousands
-        # of configs: ~0.1 s of the main thread per ask, the GPU idle; bench/NOTES.md, session 15)
-        seen = np.zeros(len(self.learned.configs), dtype=bool)
-        for t in [*done, *running]:
-            if set(names) <= t.params.keys():
-                row = self.index.get(_key(t.params, self.names))
-                if row is not None:
-                    seen[row] = True
-        measured = [t for t in done if t.user_attrs.get("state") not in COSTLESS
-                    and set(names) <= t.params.keys() and t.value is not None]
+        seen, running, measured = self._state(study, names, trial.number)
         unseen = np.flatnonzero(~seen)  # ascending, as the configs are listed
         if not len(unseen):
             return {}
@@ -320,25 +308,74 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self._refit(measured)
         if self.rng.random() < EPSILON or self.scores is None:
             return self._params(self.rng.choice(unseen), names)
-        return self._params(self._spread_best(unseen, running), names)
+        return self._params(self._spread_best(unseen, self._waiting(running), self.scores),
+                            names)
 
-    def _spread_best(self, unseen: Sequence[int], running: Sequence[FrozenTrial]) -> int:
+    def _state(self, study: Study, names: Sequence[str], asking: int | None
+               ) -> tuple[np.ndarray, list[FrozenTrial], list[FrozenTrial]]:
+        """Which accepted configs are measured or in flight, the trials in flight (but the
+        one ``asking``), and the measured ones."""
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number != asking]
+        # an array over the accepted configs, not a key per config and ask (tens of thousands
+        # of configs: ~0.1 s of the main thread per ask, the GPU idle; bench/NOTES.md, session 15)
+        seen = np.zeros(len(self.learned.configs), dtype=bool)
+        for t in [*done, *running]:
+            if set(names) <= t.params.keys():
+                row = self.index.get(_key(t.params, self.names))
+                if row is not None:
+                    seen[row] = True
+        measured = [t for t in done if t.user_attrs.get("state") not in COSTLESS
+                    and set(names) <= t.params.keys() and t.value is not None]
+        return seen, running, measured
+
+    def _waiting(self, running: Sequence[FrozenTrial]) -> dict[int, int]:
+        """Configs in flight per geometry group."""
+        rows = [self.index.get(_key(t.params, self.names)) for t in running
+                if set(self.names) <= t.params.keys()]
+        groups, counts = np.unique(self.group[[r for r in rows if r is not None]],
+                                   return_counts=True)
+        return {int(g): int(c) for g, c in zip(groups, counts)}
+
+    def _spread_best(self, unseen: np.ndarray, waiting: Mapping[int, int],
+                     scores: np.ndarray) -> int:
         """The best-predicted unseen config whose geometry group holds fewer than
         ``PENDING_PER_GROUP`` configs still waiting for their result (else the best): with a
         window of candidates in flight, a model wrong about one geometry would otherwise fill
         the whole window with it before its first result could say so."""
-        assert self.scores is not None
-        rows = [self.index.get(_key(t.params, self.names)) for t in running
-                if set(self.names) <= t.params.keys()]
-        groups, waiting = np.unique(self.group[[r for r in rows if r is not None]],
-                                    return_counts=True)
-        full = groups[waiting >= PENDING_PER_GROUP]
+        full = [g for g, count in waiting.items() if count >= PENDING_PER_GROUP]
         candidates = np.asarray(unseen)
-        scores = self.scores[candidates]
+        chosen = scores[candidates]
         open_ = ~np.isin(self.group[candidates], full)
         if open_.any():  # argmax takes the first of equal scores, as max() over the list did
-            scores = np.where(open_, scores, -np.inf)
-        return int(candidates[int(np.argmax(scores))])
+            chosen = np.where(open_, chosen, -np.inf)
+        return int(candidates[int(np.argmax(chosen))])
+
+    def upcoming(self, study: Study, count: int) -> list[int]:
+        """The rows (of ``learned.configs``) the next ``count`` asks would take if no result
+        came back meanwhile, best first: between refits the scores do not change, so a live
+        study can begin their compiles while its compile workers idle (the uniform asks, one
+        in 1/EPSILON, aside). Nothing is asked, refitted or drawn from the sampler's rng; []
+        while the start-up runs or no fit has scores."""
+        fitting = self._fitting
+        scores = (fitting.result() if fitting is not None and fitting.done() else self.scores)
+        if scores is None or count < 1:
+            return []
+        seen, running, measured = self._state(study, self.names, None)
+        if (self.offline.rows == 0 or self.startup) and len(measured) < STARTUP_TRIALS:
+            return []
+        waiting = self._waiting(running)
+        rows: list[int] = []
+        for _ in range(count):
+            unseen = np.flatnonzero(~seen)
+            if not len(unseen):
+                break
+            row = self._spread_best(unseen, waiting, scores)
+            rows.append(row)
+            seen[row] = True
+            waiting[int(self.group[row])] = waiting.get(int(self.group[row]), 0) + 1
+        return rows
 
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import db
 import kernels
@@ -408,6 +408,10 @@ class StudyRun:
         self.next_pull = 0.0
         self.writer = StoreWriter(background=session.background_store)
         self.while_draining: Draining | None = None  # run's, until called
+        # compile_ahead's rows (of accepted_all): the model's next asks as its fit number
+        # ``_ahead_fits`` foresaw them
+        self._ahead: deque[int] = deque()
+        self._ahead_fits = -1
 
     def _geometry_groups(self) -> list[list[dict[str, int]]]:
         """Every accepted config (positions), grouped by geometry; [] where there are no groups
@@ -783,6 +787,7 @@ class StudyRun:
         """Record the oldest submitted candidate's measurement (waiting for it)."""
         if submit_more:
             self._submit_ready()
+            self._compile_ahead()
         if not self.submitted:
             return None
         done = self.submitted.popleft()
@@ -795,6 +800,44 @@ class StudyRun:
         self.measured_now += 1
         self.phases.trials += 1
         return measurement
+
+    def _compile_ahead(self) -> None:
+        """Begin, on compile workers idle now, the compiles of the configs the model would ask
+        for next (``ModelSampler.upcoming``). A full window of candidates often shares a few
+        programs (RASTER variants share a CUBIN) whose compiles all began together, so most
+        workers idle while the GPU waits for them (H100, fresh 2048³: warptile's study idled
+        the GPU 2.5-3.3 s at a stretch with 5-6 of 14 workers busy; bench/NOTES.md, session
+        20). What is asked does not change: only when a compile begins."""
+        ahead = getattr(self.session.evaluator, "compile_ahead", None)
+        upcoming = getattr(self.study.sampler, "upcoming", None)
+        if ahead is None or upcoming is None or self.accepted_all is None:
+            return
+        fits = self.study.sampler.fits
+        if fits != self._ahead_fits:  # new scores: the next window's asks, as they now stand
+            self._ahead = deque(upcoming(self.study, self.session.batch))
+            self._ahead_fits = fits
+        if not self._ahead:
+            return
+        # no further than the asks the trial budget and the time limit leave: a compile begun
+        # for an ask never made would hold a worker into the next study's start
+        left = min(self.budget.trials - self._budget_taken(len(self._others_holding())),
+                   self._time_room() - self._in_flight())
+        began = ahead(self.family, self._take_ahead(left))
+        if began:
+            log.debug("%s: %d compiles begun ahead", self.name, began)
+
+    def _take_ahead(self, limit: int) -> Iterator[dict[str, int]]:
+        """compile_ahead's configs not asked for since they were foreseen, at most ``limit``,
+        each let go once offered."""
+        assert self.accepted_all is not None
+        held = {item.key for item in self._held()}
+        offered = 0
+        while self._ahead and offered < limit:
+            config = self.accepted_all[self._ahead.popleft()]
+            key = config_key(config)
+            if key not in self.known and key not in held:
+                offered += 1
+                yield config
 
     def _show_best(self, bar: tqdm) -> None:
         best = self.tally.best
