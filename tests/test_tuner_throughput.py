@@ -4,7 +4,6 @@ stand-in GPU child (tuner.measure.testing) with real NVRTC compiles. No speed is
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from bench_support import bench_module
 
 from tuner.measure.live import LiveEvaluator, default_workers
-from tuner.problem import Problem, config_key
+from tuner.problem import Problem
 from tuner.search.study import Budget, Session, run_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -430,22 +429,3 @@ def test_compiles_begun_ahead_use_only_idle_workers_and_a_later_submit_takes_the
         evaluator.evaluate(smem, configs[0], SMALL)
         assert pool.ahead_taken == 1  # a CUBIN is counted once
 
-
-def test_a_model_study_compiles_its_foreseen_asks_on_idle_workers(tmp_path):
-    """A live study run by the model sampler begins compiles of the configs it foresees asking
-    (``ModelSampler.upcoming``) on idle workers, then asks for some of them; it still measures
-    no config twice and nothing past its budget."""
-    skinny = kernels.get_family("skinny")
-    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=6, queue_depth=2,
-                       backend="tuner.testing",
-                       backend_options={"measure_s": MEASURE_S}) as evaluator:
-        session = standin_session(evaluator, tmp_path, evaluator.batch)
-        session = dataclasses.replace(session, sampler="model")
-        outcome = run_study(session, skinny, Problem(8, 512, 256),
-                            Budget(trials=30, timeout_s=120, patience=None))
-        trials = [t for t in session.database.run_history(outcome.run_id)
-                  if t.state != "rejected"]
-        session.database.close()
-        begun, taken = evaluator.pool.ahead_begun, evaluator.pool.ahead_taken
-    assert outcome.measured == 30 and len({config_key(t.params) for t in trials}) == len(trials)
-    assert begun > 0 and 0 < taken <= begun, (begun, taken)

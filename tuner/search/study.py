@@ -601,7 +601,9 @@ class StudyRun:
         ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout."""
-        return (self._in_flight() < min(self.session.batch, self._time_room())
+        time_room = self._time_room()
+        window = self.session.batch if time_room is None else min(self.session.batch, time_room)
+        return (self._in_flight() < window
                 and self._budget_taken(len(self._others_holding()) - taking) < self.budget.trials)
 
     def _budget_taken(self, held_by_others: int) -> int:
@@ -615,14 +617,14 @@ class StudyRun:
         earlier = sum(1 for t in self._others_holding() if t._trial_id < claim)
         return self._budget_taken(earlier) >= self.budget.trials
 
-    def _time_room(self) -> int:
+    def _time_room(self) -> int | None:
         """Candidates that can still be measured before the deadline at this run's rate so
         far, plus the evaluator's queue: near a time limit the window stops asking for
         candidates that would be compiled and never measured (a fresh CUBIN cache spent a
         window's worth of compiles at the end of every study; issue 19). No deadline, or
-        fewer results than the queue holds: no limit but the window's."""
+        fewer results than the queue holds: None, no limit."""
         if self.deadline is None or self.measured_now < self.depth:
-            return self.session.batch
+            return None
         now = time.monotonic()
         rate = self.measured_now / max(1e-9, now - self.loop_started)
         return self.depth + math.ceil(max(0.0, self.deadline - now) * rate)
@@ -820,8 +822,10 @@ class StudyRun:
             return
         # no further than the asks the trial budget and the time limit leave: a compile begun
         # for an ask never made would hold a worker into the next study's start
-        left = min(self.budget.trials - self._budget_taken(len(self._others_holding())),
-                   self._time_room() - self._in_flight())
+        left = self.budget.trials - self._budget_taken(len(self._others_holding()))
+        time_room = self._time_room()
+        if time_room is not None:
+            left = min(left, time_room - self._in_flight())
         began = ahead(self.family, self._take_ahead(left))
         if began:
             log.debug("%s: %d compiles begun ahead", self.name, began)
