@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, LiveEvaluator, default_workers
 from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, Phases
 
@@ -399,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     # start twice the command's (bench/NOTES.md, session 18).
     from tuner.run.cli import parse_args
     from tuner.run.tune import tune
+    from tuner.search import preparer
 
     with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch:
         cache = args.cache or Path(scratch) / "cubins"
@@ -410,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         cpu.start()
         started = time.perf_counter()
+        process = preparer.start()  # as python -m tuner starts it, beside the evaluator
         evaluator = LiveEvaluator(
             options.evaluator.gpu, cache_dir=options.evaluator.cache_dir,
             workers=options.evaluator.workers, trial_timeout_s=options.evaluator.trial_timeout_s,
@@ -417,7 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         child_start_s = time.perf_counter() - started
         tuning_from = time.monotonic()
         with evaluator:
-            status = tune(options, evaluator, progress=False)
+            try:
+                status = tune(options, evaluator, progress=False, preparer=process)
+            finally:
+                kill_pool(process)
             info, arch = evaluator.info(), evaluator.arch()
             workers, batch = evaluator.pool.workers, evaluator.batch
             # compiles begun for the model's foreseen asks, and how many it then asked for

@@ -151,6 +151,28 @@ def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_
         assert prefetch.take(BLOCKTILE1D, PROBLEM) is None and not _pool_workers()
 
 
+def test_a_preparing_process_started_by_the_command_prepares_the_start_ups(tmp_path):
+    """The command starts the preparing process beside its GPU child (tuner.search.preparer):
+    the prefetch takes that process over instead of starting one, prepares the same start-up
+    in it, and ends it; one never taken over is ended too."""
+    from tuner.search import preparer
+
+    started = preparer.start()
+    assert len(_pool_workers()) == 1
+    session = _session(_Evaluator(), tmp_path / "cubins", prefetch_process=started)
+    with StartupPrefetch(session) as prefetch:
+        prefetch.plan([(BLOCKTILE1D, PROBLEM)])
+        assert prefetch._executor is started and len(_pool_workers()) == 1
+        prepared = prefetch.take(BLOCKTILE1D, PROBLEM)
+    assert not _pool_workers()
+    here = _enumerate(BLOCKTILE1D, "sm_90", PROBLEM, "prior")
+    assert prepared is not None and prepared.accepted == here.accepted
+    untaken = preparer.start()
+    with StartupPrefetch(_session(_Evaluator(), tmp_path / "cubins", prefetch_process=untaken)):
+        pass
+    assert not _pool_workers()
+
+
 def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch):
     database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
     session = _session(_Evaluator(), tmp_path / "cubins", prefetch_startup=True,

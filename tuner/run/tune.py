@@ -75,7 +75,7 @@ def register_gpu(database: Any, evaluator: Any) -> tuple[int, str]:
 
 def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: SearchOptions, *,
                 compile_cache: Path | None, command: str, stop: Any,
-                progress: bool = True) -> Session:
+                progress: bool = True, preparer: Any = None) -> Session:
     """What every study of one command (or one job) shares."""
     from tuner.search.study import Session
 
@@ -91,13 +91,15 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         phases=getattr(evaluator, "phases", None) or Phases(),
         # a live evaluator (it has a compile pool): a GPU waits while a study starts up
         prefetch_startup=hasattr(evaluator, "pool"),
+        prefetch_process=preparer,
         # a replay answers from a recording, perhaps a bundled one: it must not learn from it
         learn_from_recordings=getattr(evaluator, "recording", None) is None,
     )
 
 
-def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
-    """Everything after the evaluator exists: open the stores, run the studies, print the table."""
+def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: Any = None) -> int:
+    """Everything after the evaluator exists: open the stores, run the studies, print the table.
+    ``preparer``: the start-ups' process, started already (``tuner.search.preparer``)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from tuner.run.session import tune_all
@@ -114,7 +116,8 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True) -> int:
     with stores.database, StopRequest() as stop, logging_redirect_tqdm():
         session = new_session(stores, evaluator, register_gpu(stores.database, evaluator),
                               options.search, compile_cache=options.evaluator.cache_dir,
-                              command=options.command, stop=stop, progress=progress)
+                              command=options.command, stop=stop, progress=progress,
+                              preparer=preparer)
         summary = tune_all(session, options.families, options.problems,
                            options.budget.study_budget(),
                            total_seconds=options.budget.total_seconds())
@@ -137,10 +140,15 @@ def live_main(options: Options) -> int:
     """``python -m tuner``: tune on a GPU."""
     from tuner.measure.live import GpuUnavailable
 
+    from tuner.lifetime import kill_pool
+    from tuner.search import preparer
+
     gpu = options.evaluator.gpu
+    process = None  # the start-ups' process (tune_all's, once it runs)
     try:
         evaluator = start_live(options.evaluator, wait=False)
         try:
+            process = preparer.start()
             # While the GPU process starts CUDA and cuBLAS and the compile processes NVRTC
             # (1-2 s on the H100 host), this one imports the search and the stores (Optuna,
             # SQLAlchemy: 2.5-3.5 s there), which it did before starting them, and loads the
@@ -154,6 +162,8 @@ def live_main(options: Options) -> int:
             evaluator.wait_started()
         except BaseException:
             evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
+            if process is not None:
+                kill_pool(process)
             raise
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
@@ -167,10 +177,12 @@ def live_main(options: Options) -> int:
         return EXIT_FAILED
     with evaluator:
         try:
-            return tune(options, evaluator)
+            return tune(options, evaluator, preparer=process)
         except KeyboardInterrupt:  # a second Ctrl-C: the runs are already marked interrupted
             print("python -m tuner: aborted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        finally:
+            kill_pool(process)  # (tune_all ends it; not where the stores were unusable)
 
 
 def recorded_families(evaluator: Any, options: Options) -> list[Any]:

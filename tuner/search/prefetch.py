@@ -16,7 +16,6 @@ would have computed them itself (``prepare_startup`` is that computation).
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,24 +25,16 @@ from typing import Any, Callable, Iterable
 import kernels
 from kernels.compiler import cubin_key
 
-from tuner.lifetime import child_init, kill_pool
+from tuner.lifetime import kill_pool
 from tuner.measure.phases import STARTUP_BG
 from tuner.problem import Problem
 from tuner.search.costmodel import Example
+from tuner.search import preparer
 from tuner.search.learned import examples_for_study, first_picks
 from tuner.search.choices import LEARNING
 from tuner.search.study import Session, Startup, prepare_startup
 
 log = logging.getLogger(__name__)
-
-# Niceness of the preparing process: below the compile pool and the GPU child, which serve the
-# study that runs now.
-NICENESS = 10
-
-
-def _init(parent_pid: int) -> None:
-    child_init(parent_pid)
-    os.nice(NICENESS)
 
 
 # The compile-ahead threads take at most this fraction of the cores (1/4): off the critical
@@ -121,6 +112,7 @@ class StartupPrefetch:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._executor: ProcessPoolExecutor | None = None
+        self._started: ProcessPoolExecutor | None = session.prefetch_process  # not yet taken
         self._queue: deque[tuple[Any, Problem, bool]] = deque()  # to be submitted, in order
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
@@ -142,11 +134,8 @@ class StartupPrefetch:
     def _top_up(self) -> None:
         while self._queue and len(self._jobs) < AHEAD and not self._broken:
             family, problem, rank = self._queue.popleft()
-            if self._executor is None:  # its process starts from this (the main) thread
-                self._executor = ProcessPoolExecutor(max_workers=1,
-                                                     mp_context=mp.get_context("spawn"),
-                                                     initializer=_init,
-                                                     initargs=(os.getpid(),))
+            if self._executor is None:  # started by the command, else from this (the main) thread
+                self._executor, self._started = self._started or preparer.start(), None
             try:
                 self._jobs[(family.name, problem)] = self._executor.submit(
                     prepare, *self._arguments(family, problem, rank))
@@ -221,11 +210,11 @@ class StartupPrefetch:
         if self._here is not None:  # a thread cannot be killed: its start-up is left to end
             self._here.shutdown(wait=False, cancel_futures=True)
             self._here = None
-        executor, self._executor = self._executor, None
+        executors = [e for e in (self._executor, self._started) if e is not None]
+        self._executor = self._started = None
         self._queue, self._jobs = deque(), {}
-        if executor is None:
-            return
-        kill_pool(executor)
+        for executor in executors:
+            kill_pool(executor)
 
     def __enter__(self) -> StartupPrefetch:
         return self

@@ -117,6 +117,9 @@ class Session:
     # tune_all prepares the next study's start-up in a child process while one runs
     # (tuner.search.prefetch); off where no GPU waits (replay, tests' fakes)
     prefetch_startup: bool = False
+    # that process, started already (tuner.search.preparer.start) where the command began it
+    # beside the GPU child; else tune_all starts it
+    prefetch_process: Any = None
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""The process that prepares the command's next studies' start-ups (``tuner.search.prefetch``),
+startable before the search is imported.
+
+A live command starts it beside the GPU child and the compile processes (``tuner.run.tune``),
+so that its own spawn and imports (the search, Optuna, scikit-learn: about 2 s on the H100
+hosts) overlap the main process's imports instead of following the first study's start: its
+start-ups are ready that much sooner, and a study's start no longer waited for one (bench/NOTES.md,
+session 20). This module imports nothing heavy: the parent pickles ``_init`` by reference.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from tuner.lifetime import child_init
+
+# Niceness of the preparing process: below the compile pool and the GPU child, which serve the
+# study that runs now.
+NICENESS = 10
+
+
+def _init(parent_pid: int) -> None:
+    child_init(parent_pid)
+    os.nice(NICENESS)
+    # imported now, while the parent imports too, not at the first start-up it prepares
+    import tuner.search.prefetch  # noqa: F401
+    from tuner.search.costmodel import preload
+
+    try:
+        preload()
+    except ImportError:  # no scikit-learn: the samplers that need it are refused at the parse
+        pass
+
+
+def start() -> ProcessPoolExecutor:
+    """The preparing process, spawned now (its first job is a no-op); ``StartupPrefetch``
+    takes it over. End it with ``tuner.lifetime.kill_pool``."""
+    executor = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+                                   initializer=_init, initargs=(os.getpid(),))
+    executor.submit(os.getpid)
+    return executor
