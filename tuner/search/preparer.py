@@ -25,7 +25,9 @@ def _init(parent_pid: int) -> None:
     child_init(parent_pid)
     os.nice(NICENESS)
     # imported now, while the parent imports too, not at the first start-up it prepares
-    import tuner.search.prefetch  # noqa: F401
+    # (what tuner.search.prefetch, which imports this module, builds on)
+    import tuner.search.learned  # noqa: F401
+    import tuner.search.study  # noqa: F401
     from tuner.search.costmodel import preload
 
     try:
