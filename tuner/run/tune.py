@@ -126,45 +126,54 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: A
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
 
 
-def start_live(options: EvaluatorOptions, *, wait: bool = True) -> Any:
+def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_options: Any) -> Any:
     """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError.
-    ``wait=False``: started, not yet ready (``LiveEvaluator.wait_started`` raises those)."""
+    ``wait=False``: started, not yet ready (``LiveEvaluator.wait_started`` raises those).
+    ``evaluator_options``: more of LiveEvaluator's (a benchmark's stand-in options)."""
     from tuner.measure.live import LiveEvaluator
 
     return LiveEvaluator(options.gpu, cache_dir=options.cache_dir, workers=options.workers,
                          trial_timeout_s=options.trial_timeout_s, backend=options.backend,
-                         wait=wait)
+                         wait=wait, **evaluator_options)
+
+
+def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]:
+    """A live command's one-time start: the GPU process, the compile processes and the
+    start-ups' process (tuner.search.preparer) started first; while they start CUDA, cuBLAS,
+    NVRTC and their imports (1-2 s on the H100 host), this one imports the search and the
+    stores (Optuna, SQLAlchemy: 2.5-3.5 s there) and loads the bundled recordings the model's
+    first fits learn from (bench/NOTES.md, issue 19); then waits for them. Returns (evaluator,
+    the start-ups' process); raises as ``start_live``, everything it started ended then."""
+    from tuner.lifetime import kill_pool
+    from tuner.search import preparer
+
+    evaluator = start_live(options.evaluator, wait=False, **evaluator_options)
+    process = None
+    try:
+        process = preparer.start()
+        import tuner.run.session  # noqa: F401
+        from tuner.measure.recording import all_bundled
+
+        configure_logging(options.verbose)  # after Optuna's import, which sets its level
+        if options.search.sampler in LEARNING:
+            all_bundled()
+        evaluator.wait_started()
+    except BaseException:
+        evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
+        if process is not None:
+            kill_pool(process)
+        raise
+    return evaluator, process
 
 
 def live_main(options: Options) -> int:
     """``python -m tuner``: tune on a GPU."""
+    from tuner.lifetime import kill_pool
     from tuner.measure.live import GpuUnavailable
 
-    from tuner.lifetime import kill_pool
-    from tuner.search import preparer
-
     gpu = options.evaluator.gpu
-    process = None  # the start-ups' process (tune_all's, once it runs)
     try:
-        evaluator = start_live(options.evaluator, wait=False)
-        try:
-            process = preparer.start()
-            # While the GPU process starts CUDA and cuBLAS and the compile processes NVRTC
-            # (1-2 s on the H100 host), this one imports the search and the stores (Optuna,
-            # SQLAlchemy: 2.5-3.5 s there), which it did before starting them, and loads the
-            # bundled recordings the model's first fits learn from (bench/NOTES.md, issue 19).
-            import tuner.run.session  # noqa: F401
-            from tuner.measure.recording import all_bundled
-
-            configure_logging(options.verbose)  # after Optuna's import, which sets its level
-            if options.search.sampler in LEARNING:
-                all_bundled()
-            evaluator.wait_started()
-        except BaseException:
-            evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
-            if process is not None:
-                kill_pool(process)
-            raise
+        evaluator, process = start_command(options)
     except GpuUnavailable as reason:
         print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
