@@ -4,7 +4,7 @@ the search benchmark, examples from a real results database, and a replayed stud
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import optuna
@@ -268,9 +268,12 @@ def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, recor
     assert max(crowded) > per_group, crowded
 
 
-def _vectorized_model_study(background: bool = False) -> tuple[optuna.Study, Any]:
-    """A study of vectorized's accepted configs at 2048³ (4,192) with the model sampler on a
-    cold database (no examples), and its distributions."""
+def _vectorized_model_study(background: bool = False, problem: Problem = Problem(2048, 2048, 2048),
+                            examples: Sequence[Any] = (), seed: int = 0
+                            ) -> tuple[optuna.Study, Any]:
+    """A study of vectorized's accepted configs (4,192) with the model sampler, learning from
+    ``examples`` (default: none, a cold database), and its distributions; the sampler's
+    ``learned.configs`` are the configs' positions."""
     from tuner.search import space
     from tuner.search.samplers import SearchSpace, make_sampler
     from tuner.search.study import _accepted_configs
@@ -278,12 +281,16 @@ def _vectorized_model_study(background: bool = False) -> tuple[optuna.Study, Any
     family = kernels.get_family("vectorized")
     accepted = _accepted_configs(family, "sm_90")
     learned = LearnedSpace.build(family, accepted, space.params_from_configs(family, accepted),
-                                 Problem(2048, 2048, 2048), Target(132, "sm_90"), [])
+                                 problem, Target(132, "sm_90"), list(examples))
     distributions = space.distributions(family)
-    sampler = make_sampler("model", 0, SearchSpace(
+    sampler = make_sampler("model", seed, SearchSpace(
         distributions, space.feasibility(family, "sm_90"), learned=learned),
         background=background)
     return optuna.create_study(direction="maximize", sampler=sampler), distributions
+
+
+def _h100_examples(recordings: Sequence[Any]) -> list[Any]:
+    return [e for e in examples_from_recordings(recordings) if e.gpu.startswith("NVIDIA H100")]
 
 
 def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
@@ -403,23 +410,14 @@ def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
     """What the prefetch compiles ahead (``first_picks``) is what the sampler's first asks take
     with nothing measured: its best scores, spread over geometry groups (uniform asks off)."""
     from tuner.search import learned as learned_module
-    from tuner.search import space
     from tuner.search.learned import first_picks
-    from tuner.search.samplers import SearchSpace, make_sampler
-    from tuner.search.study import _accepted_configs
 
     monkeypatch.setattr(learned_module, "EPSILON", 0.0)
-    family = kernels.get_family("vectorized")
-    problem = Problem(1536, 1792, 2048)  # no recording holds it
-    accepted = _accepted_configs(family, "sm_90")
-    positions = space.params_from_configs(family, accepted)
-    examples = [e for e in examples_from_recordings(recordings) if e.gpu.startswith("NVIDIA H100")]
-    learned = LearnedSpace.build(family, accepted, positions, problem, Target(132, "sm_90"),
-                                 examples)
-    sampler = make_sampler("model", 3, SearchSpace(
-        space.distributions(family), space.feasibility(family, "sm_90"), learned=learned))
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    asked = [study.ask(space.distributions(family)).params for _ in range(17)]  # none told
+    study, distributions = _vectorized_model_study(  # a shape no recording holds
+        problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=3)
+    sampler = study.sampler
+    learned, positions = sampler.learned, sampler.learned.configs
+    asked = [study.ask(distributions).params for _ in range(17)]  # none told
     assert sampler.scores is not None
     picks = first_picks(learned.x, sampler.scores, 17)
     assert asked == [positions[row] for row in picks]
@@ -433,23 +431,12 @@ def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings)
     and the configs in flight as the asks will see them; foreseeing them draws nothing from
     the sampler's rng and refits nothing."""
     from tuner.search import learned as learned_module
-    from tuner.search import space
-    from tuner.search.samplers import SearchSpace, make_sampler
-    from tuner.search.study import _accepted_configs
 
     monkeypatch.setattr(learned_module, "EPSILON", 0.0)
     monkeypatch.setattr(learned_module, "PENDING_PER_GROUP", 1)  # groups fill in the window
-    family = kernels.get_family("vectorized")
-    problem = Problem(1536, 1792, 2048)  # no recording holds it
-    accepted = _accepted_configs(family, "sm_90")
-    positions = space.params_from_configs(family, accepted)
-    examples = [e for e in examples_from_recordings(recordings) if e.gpu.startswith("NVIDIA H100")]
-    learned = LearnedSpace.build(family, accepted, positions, problem, Target(132, "sm_90"),
-                                 examples)
-    sampler = make_sampler("model", 5, SearchSpace(
-        space.distributions(family), space.feasibility(family, "sm_90"), learned=learned))
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    distributions = space.distributions(family)
+    study, distributions = _vectorized_model_study(  # a shape no recording holds
+        problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=5)
+    sampler, positions = study.sampler, study.sampler.learned.configs
     for number in range(12):  # measured: refitted on its own results since
         study.tell(study.ask(distributions), float(1 + number % 5))
     held = [study.ask(distributions) for _ in range(10)]  # in flight, no result yet

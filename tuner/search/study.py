@@ -604,10 +604,15 @@ class StudyRun:
         ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout."""
+        return self._in_flight() < self.session.batch and self._asks_left(taking) > 0
+
+    def _asks_left(self, taking: int = 0) -> int:
+        """Candidates this run may still ask for: what the trial budget leaves (``_room``'s
+        ``taking``) and, near a time limit, what the time left can measure beyond those in
+        flight (``_time_room``)."""
+        left = self.budget.trials - self._budget_taken(len(self._others_holding()) - taking)
         time_room = self._time_room()
-        window = self.session.batch if time_room is None else min(self.session.batch, time_room)
-        return (self._in_flight() < window
-                and self._budget_taken(len(self._others_holding()) - taking) < self.budget.trials)
+        return left if time_room is None else min(left, time_room - self._in_flight())
 
     def _budget_taken(self, held_by_others: int) -> int:
         """Measured, in flight here, and held by other workers: the budget spent or promised."""
@@ -825,11 +830,7 @@ class StudyRun:
             return
         # no further than the asks the trial budget and the time limit leave: a compile begun
         # for an ask never made would hold a worker into the next study's start
-        left = self.budget.trials - self._budget_taken(len(self._others_holding()))
-        time_room = self._time_room()
-        if time_room is not None:
-            left = min(left, time_room - self._in_flight())
-        began = ahead(self.family, self._take_ahead(left))
+        began = ahead(self.family, self._take_ahead(self._asks_left()))
         if began:
             log.debug("%s: %d compiles begun ahead", self.name, began)
 
