@@ -446,3 +446,70 @@ def test_a_model_study_offers_its_foreseen_asks_for_compiling_ahead_and_asks_the
     distinct = {config_key(c) for _, c in offered}
     asked_later = distinct & {config_key(c) for c in ahead}
     assert len(asked_later) >= len(distinct) // 5, (len(asked_later), len(distinct))
+
+
+def test_a_study_waiting_for_its_last_compiles_lends_the_gpu_to_the_next_study_s_first_asks(
+        tmp_path, monkeypatch):
+    """Once a study has asked for its whole trial budget and waits for a compile while the GPU
+    child's queue has room, tune_all's next study (same shape) hands the child its first
+    candidates, foreseen before it asks and compiled by then (issue 19). That study then asks
+    for every one of them, and asks exactly what it asks where nothing is lent."""
+    from dataclasses import dataclass, field
+
+    import tuner.search.study as study_module
+
+    # refits on the main thread: the asks depend on the results alone, not on a thread's timing
+    monkeypatch.setattr(study_module, "asynchronous", lambda evaluator: False)
+
+    @dataclass
+    class Queued(StandInEvaluator):
+        """Measures in posting order; naive's compiles are done only after two waits."""
+
+        queue_depth: int = 3
+        open: list = field(default_factory=list)  # posted, not answered yet
+        waits: dict = field(default_factory=dict)
+
+        def submit(self, family, config, problem):
+            ticket = [self.evaluate(family, config, problem)]  # the GPU's order is the posting
+            self.open.append(ticket)
+            return ticket
+
+        def collect(self, ticket):
+            self.open = [t for t in self.open if t is not ticket]
+            return ticket[0]
+
+        def ready(self, family, config) -> bool:
+            return family.name != "naive" or self.waits.get(config_key(config), 0) >= 2
+
+        def wait_compiled(self, family, config, timeout) -> bool:
+            if self.open:
+                self.open.pop(0)  # the GPU answered the oldest meanwhile
+            self.waits[config_key(config)] = self.waits.get(config_key(config), 0) + 1
+            return self.ready(family, config)
+
+    @dataclass
+    class Lends(Queued):
+        def unanswered(self) -> int:
+            return len(self.open)
+
+    problem = Problem(768, 640, 512)
+    runs = []
+    for evaluator in (Queued(), Lends()):
+        database = db.open_database(f"sqlite:///{tmp_path / f'{len(runs)}.sqlite'}")
+        session = session_for((database, optuna.storages.RDBStorage(database.url)), evaluator,
+                              sampler="model", seed=5, batch=8)
+        summary = tune_all(session, [NAIVE, BLOCKTILE1D], [problem],
+                           Budget(trials=12, timeout_s=None, patience=None))
+        runs.append((evaluator, session.phases,
+                     [measured_params(database, outcome.run_id)
+                      for _, _, outcome in summary.outcomes]))
+        database.close()
+    (plain, plain_phases, plain_asks), (lends, phases, asks) = runs
+    assert asks == plain_asks and all(len(study) == 12 for study in asks)
+    assert plain_phases.lent == 0
+    assert phases.lent >= 3 and phases.lent_asked == phases.lent and phases.lent_unasked == 0
+    # measured before naive's last candidates: the GPU did not wait for their compiles
+    order = [family for family, _, _ in lends.calls]
+    last_naive = max(i for i, family in enumerate(order) if family == "naive")
+    assert order.index("blocktile1d") < last_naive
+    assert sorted(map(str, order)) == sorted(map(str, [f for f, _, _ in plain.calls]))
