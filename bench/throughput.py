@@ -365,11 +365,6 @@ def print_report(result: dict[str, Any]) -> None:
     if ahead:
         print(f"compiles begun ahead of the model's asks: {ahead['begun']}, "
               f"{ahead['taken']} of them asked for")
-    lent = result.get("lent")
-    if lent:
-        print(f"next studies' first candidates measured while the study before waited for its "
-              f"last compiles: {lent['lent']}, {lent['asked']} of them asked for, "
-              f"{lent['unasked']} never")
     if result.get("host_cpu_share") is not None:
         print(f"host CPU busy (all cores, /proc/stat) over tuning wall: {result['host_cpu_share']:.1%}")
     if result.get("studies"):
@@ -457,7 +452,6 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": [p.shape for p in options.problems], "timeout_s": args.timeout,
         "workers": workers, "batch": batch, "queue_depth": evaluator.queue_depth,
         "compiled_ahead": ahead,
-        "lent": {"lent": phases.lent, "asked": phases.lent_asked, "unasked": phases.lent_unasked},
         "cores": os.cpu_count(), "standin_measure_s": args.standin_measure_s or None,
         "exit_status": status, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })

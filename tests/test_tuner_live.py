@@ -152,28 +152,3 @@ def test_answers_read_ahead_of_their_collect_are_kept(planted_evaluator):
     assert not evaluator._queued
     assert [evaluator.collect(t).state for t in (second, broken, first)] == [
         "ok", "compile_error", "ok"]
-
-
-def test_unanswered_reads_the_answers_come_without_waiting_and_wait_compiled_times_out(
-        planted_evaluator):
-    """What a study waiting for its last compiles reads to lend the GPU to the next study:
-    how many candidates the child still holds (answers read as they come, kept on their
-    tickets), and a bounded wait for a compile."""
-    evaluator = planted_evaluator
-    evaluator.set_problem(SMALL)
-    tickets = [evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL) for _ in range(2)]
-    assert evaluator.unanswered() <= 2
-    deadline = time.monotonic() + 30
-    while evaluator.unanswered() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert evaluator.unanswered() == 0 and all(t.answer is not None for t in tickets)
-    assert [evaluator.collect(t).state for t in tickets] == ["ok", "ok"]
-
-    config = {"MODE": PLANTED_COMPILE_ERROR}
-    assert evaluator.wait_compiled(PLANTED, config, 0.0)  # none prepared: submit compiles it
-    evaluator.prepare(PLANTED, config)
-    deadline = time.monotonic() + 60
-    while not evaluator.wait_compiled(PLANTED, config, 0.05) and time.monotonic() < deadline:
-        pass
-    assert evaluator.ready(PLANTED, config)
-    assert evaluator.collect(evaluator.submit(PLANTED, config, SMALL)).state == "compile_error"

@@ -21,7 +21,6 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -541,25 +540,6 @@ class LiveEvaluator:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
         future = self._compiles.get(self._key(family, config))
         return future is not None and future.done()
-
-    def wait_compiled(self, family: Any, config: dict[str, int], timeout: float) -> bool:
-        """Wait at most ``timeout`` s for the config's compile (``prepare``); whether it is done
-        (True where none was prepared: ``submit`` starts it)."""
-        future = self._compiles.get(self._key(family, config))
-        if future is None:
-            return True
-        with self.phases.timed(COMPILE_WAIT):
-            wait_futures([future], timeout)
-        return future.done()
-
-    def unanswered(self) -> int:
-        """Candidates with the GPU child that it has not answered yet (the answers that came
-        are read now, without waiting, and kept on their tickets)."""
-        conn = self.child.conn
-        while self._queued and conn is not None and conn.poll(0):
-            head = self._queued[0]
-            head.answer = self._answer(head)
-        return len(self._queued)
 
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
         return self.collect(self.submit(family, config, problem))

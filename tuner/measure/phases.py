@@ -51,12 +51,6 @@ class Phases:
     spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # SPANNED ones
     trials: int = 0  # measurements recorded by the study loops (compile errors included)
     answers: int = 0  # candidates the GPU child answered
-    # candidates of a study handed to the GPU child before its loop, while the study before
-    # waited for its last compiles (StudyRun.lend); of those, asked for by their study, and
-    # never asked for (their measurement dropped)
-    lent: int = 0
-    lent_asked: int = 0
-    lent_unasked: int = 0
     round_trip_s: float = 0.0  # from posting each of them to reading its answer, summed
     child_spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) each
     _stack: list[list[float]] = field(default_factory=list)  # [start, nested seconds]

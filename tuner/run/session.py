@@ -13,18 +13,12 @@ from tuner.measure.recording import bundled
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import (Budget, Lender, Session, StudyOutcome, StudyRun,
-                                ranks_prior)
+from tuner.search.study import Budget, Session, StudyOutcome, StudyRun, ranks_prior
 
 log = logging.getLogger(__name__)
 
 # With a shared time budget, a study still gets this long even when earlier ones overran.
 MIN_STUDY_SECONDS = 5.0
-
-
-def _no_lending(room: int) -> int:
-    """The lender of a next study that lends nothing (not built early, or stopping)."""
-    return 0
 
 
 @dataclass
@@ -156,23 +150,16 @@ def tune_all(
                 built: list[StudyRun] = []
                 same_shape = index + 1 < len(order) and order[index + 1][0] == problem
 
-                def build_next(wait: bool) -> Lender | None:
+                def build_next() -> None:
                     # the shape's next study is built while the GPU measures this one's last
                     # candidates (tf32x3's and pipelined's set-ups left it idle 0.3-1 s on the
-                    # H100; issue 19), and its first candidates, compiled meanwhile, are lent
-                    # to the GPU while this one waits for its last compiles
-                    if session.stop.requested or built:
-                        return _no_lending
-                    family = order[index + 1][1]
-                    if not wait and not prefetch.ready(family, problem):
-                        return None  # asked again: the GPU measures this run's meanwhile
+                    # H100; issue 19)
+                    if session.stop.requested:
+                        return
                     try:
                         built.append(study(index + 1, baseline))
                     except Exception:  # noqa: BLE001  not this run's failure: built again below
                         log.debug("building the next study early failed", exc_info=True)
-                        return _no_lending
-                    built[0].foresee()
-                    return built[0].lend
 
                 outcome = current.run(build_next if same_shape else None)
                 summary.outcomes.append((problem, current.family, outcome))

@@ -377,17 +377,6 @@ class ModelSampler(optuna.samplers.BaseSampler):
             waiting[int(self.group[row])] = waiting.get(int(self.group[row]), 0) + 1
         return rows
 
-    def first_asks(self, study: Study, count: int) -> list[int]:
-        """The rows the study's first ``count`` asks will take, before any result: the static
-        prior's start-up in order where it starts from it, else ``upcoming`` (the uniform asks
-        aside); [] once the study has trials."""
-        if study.get_trials(deepcopy=False):
-            return []
-        if self.offline.rows == 0 or self.startup:
-            rows = [self.index.get(_key(p, self.names)) for p in self.startup]
-            return [r for r in rows if r is not None][:count]
-        return self.upcoming(study, count)
-
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}
 

@@ -182,11 +182,6 @@ class StartupPrefetch:
                 session.database, session.gpu_name, problem, session.learn_from_recordings)
         return self._examples_read[problem]
 
-    def ready(self, family: Any, problem: Problem) -> bool:
-        """Whether ``take`` would return at once (prepared, failed, or never planned)."""
-        job = self._jobs.get((family.name, problem))
-        return job is None or job.done()
-
     def take(self, family: Any, problem: Problem) -> Startup | None:
         """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
         none was planned for it or it failed (the study then computes its own)."""

@@ -324,16 +324,8 @@ class _Tally:
             self.best, self.best_config, self.since_best = result, dict(config), 0
 
 
-# Hands the GPU child up to this many of the next study's first candidates, compiled by then;
-# returns how many it handed (``StudyRun.lend``).
-Lender = Callable[[int], int]
-# Called by a run once it asks for nothing more (``wait``: its last candidates are all with the
-# GPU child, so building the next study may wait for its start-up): the next study's lender,
-# or None where it could not be built without waiting (asked again later).
-Draining = Callable[[bool], "Lender | None"]
-# How often a run waiting for its last compiles looks whether the GPU child has room for the
-# next study's candidates (one ~0.1 s measurement on the H100 at 2048³ is the scale).
-LEND_POLL_S = 0.02
+# Called by a run once it asks for nothing more and its last candidates are with the GPU child.
+Draining = Callable[[], None]
 
 
 class StudyRun:
@@ -418,14 +410,7 @@ class StudyRun:
         self.run_id = 0
         self.next_pull = 0.0
         self.writer = StoreWriter(background=session.background_store)
-        self.while_draining: Draining | None = None  # run's, until it gave a lender
-        # the next study's, once built: fills the GPU child's queue while this run waits for
-        # its last compiles, and across the boundary between the two runs
-        self.lender: Lender | None = None
-        # this run's first asks as foreseen before its loop (``foresee``), compiling, and those
-        # of them handed to the GPU child then (``lend``): (ticket, when handed)
-        self._foreseen: list[dict[str, int]] = []
-        self._lent: dict[ConfigKey, tuple[Any, datetime]] = {}
+        self.while_draining: Draining | None = None  # run's, until called
         # compile_ahead's rows (of accepted_all): the model's next asks as its fit number
         # ``_ahead_fits`` foresaw them
         self._ahead: deque[int] = deque()
@@ -701,12 +686,6 @@ class StudyRun:
             self.known[key] = self._record(trial, config, rejected, datetime.now(timezone.utc),
                                            violation=float(len(reasons)))
             return False
-        lent = self._lent.pop(key, None)
-        if lent is not None:  # measured, or being measured, since before this run's loop
-            ticket, started_at = lent
-            self.submitted.append(_Submitted(_Pending(trial, config, key), ticket, started_at))
-            self.phases.lent_asked += 1
-            return True
         claim = None
         if self.shared.claims:
             self._flush()  # the claim is written now, before measuring: after queued writes
@@ -797,34 +776,10 @@ class StudyRun:
             self._tell_duplicate(item.trial, self.known[item.key])
         while (len(self.submitted) < self.depth
                and (item := self._next_compiled(wait)) is not None):
-            if wait:
-                self._wait_lending(item)
             self.pending.remove(item)
             started_at = datetime.now(timezone.utc)
             ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
             self.submitted.append(_Submitted(item, ticket, started_at))
-
-    def _wait_lending(self, item: _Pending) -> None:
-        """Wait for the item's compile, handing the GPU child the next study's first
-        candidates meanwhile whenever its queue has room: once this run asks for nothing
-        more, its last asks' compiles (the slowest of a window: warptile's take up to 4 s) held
-        the GPU idle at the end of each study (H100, 2048³: 3-4 s per study on slow hosts;
-        bench/NOTES.md, session 21). Returns at once without a lender."""
-        evaluator = self.session.evaluator
-        if self.lender is None or not hasattr(evaluator, "wait_compiled"):
-            return
-        while True:
-            self._lend()
-            if evaluator.wait_compiled(self.family, item.config, LEND_POLL_S):
-                return
-
-    def _lend(self) -> None:
-        """Fill the GPU child's queue (to the run's depth) with the next study's candidates."""
-        unanswered = getattr(self.session.evaluator, "unanswered", None)
-        if self.lender is not None and unanswered is not None:
-            room = self.depth - unanswered()
-            if room > 0:
-                self.lender(room)
 
     def _next_compiled(self, wait: bool = True) -> _Pending | None:
         """The first window candidate whose compile is done, so a slow compile at the head does
@@ -892,41 +847,6 @@ class StudyRun:
                 offered += 1
                 yield config
 
-    def foresee(self) -> None:
-        """List the configs this run will ask for first and begin their compiles, while the
-        run before still measures (``lend`` hands those compiled to the GPU child). Only where
-        its first asks are known before it asks: the model sampler's start-up or window (the
-        uniform asks aside) where the study has no trials yet (none resumed, no warm start
-        queued), and no claims (other workers share the study)."""
-        evaluator = self.session.evaluator
-        first = getattr(self.study.sampler, "first_asks", None)
-        if (first is None or not hasattr(evaluator, "unanswered") or self.shared.claims
-                or self.accepted_all is None):
-            return
-        for row in first(self.study, self.session.batch):
-            config = self.accepted_all[row]
-            evaluator.prepare(self.family, config)
-            self._foreseen.append(config)
-
-    def lend(self, room: int) -> int:
-        """Hand the evaluator up to ``room`` of the foreseen configs whose compile is done, in
-        the order foreseen, before this run's loop: when the run asks for one of them it joins
-        the window measured or being measured. Their results are recorded as this run's, in
-        its loop, like any other. Returns how many were handed."""
-        evaluator = self.session.evaluator
-        handed = 0
-        for config in list(self._foreseen):
-            if handed >= room:
-                break
-            if not evaluator.ready(self.family, config):
-                continue
-            self._foreseen.remove(config)
-            ticket = submit(evaluator, self.family, config, self.problem)
-            self._lent[config_key(config)] = (ticket, datetime.now(timezone.utc))
-            self.phases.lent += 1
-            handed += 1
-        return handed
-
     def _show_best(self, bar: tqdm) -> None:
         best = self.tally.best
         if best is None:
@@ -945,11 +865,9 @@ class StudyRun:
             reason = self._search(deadline, bar)
             self._discard_pending()  # never measured now: their compiles free the cores
             if self.submitted:
-                self._draining(wait=True)
+                self._draining()
             while self.submitted:  # measured or being measured: record, whatever the reason
-                self._lend()  # the next study's first candidates queue behind these
                 self._measure_next(submit_more=False)
-            self._lend()  # the GPU measures them while this run ends and the next one starts
             self._flush()  # everything measured is stored (and numbered) before the outcome
         return reason
 
@@ -962,24 +880,19 @@ class StudyRun:
                 discard(self.family, item.config)
                 item.dropped = True
 
-    def _draining(self, wait: bool) -> None:
-        """Call ``while_draining`` now that this run asks for nothing more: the caller builds
-        the next study while the GPU child measures this one's last candidates (``wait``: all
-        of them are with it) and gives the lender of that study, kept until this run ends.
-        Without ``wait`` the caller builds it only if that need not wait (its start-up
-        prepared); else it is asked again."""
+    def _draining(self) -> None:
+        """Call ``while_draining`` (once), now that all this run still holds is with the GPU
+        child: it measures those while the caller builds the next study."""
         if self.while_draining is not None:
-            lender = self.while_draining(wait)
-            if lender is not None:
-                self.lender, self.while_draining = lender, None
+            call, self.while_draining = self.while_draining, None
+            call()
 
     def _search(self, deadline: float | None, bar: tqdm) -> str:
         while (reason := self._stop_reason(deadline)) is None:
             self._fill_window()
-            if ((self.submitted or self.pending) and self.while_draining is not None
+            if (self.submitted and not self.pending
                     and self._budget_taken(len(self._others_holding())) >= self.budget.trials):
-                # the trial budget is all asked for: nothing more to ask
-                self._draining(wait=not self.pending)
+                self._draining()  # the trial budget is all asked for: nothing more to ask
             if self.pending or self.submitted:
                 self._measure_next()
             elif self._others_holding() and heartbeats_on(self.session.storage):
@@ -1054,14 +967,6 @@ class StudyRun:
             self._discard_pending()
             self.pending.clear()
             self.submitted.clear()
-            # handed to the GPU child before the loop and never asked for (the run stopped
-            # first): their answers are read, in order, by the next collect, and dropped
-            self.phases.lent_unasked += len(self._lent)
-            self._lent.clear()
-            for config in self._foreseen:
-                self.session.evaluator.discard(self.family, config)
-            self._foreseen.clear()
-            self.lender = None
             bar.close()
             self._finish_run(run_state)
             log.info("%s: %s after %d new measurements (%s)", self.name, run_state,
