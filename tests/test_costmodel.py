@@ -447,3 +447,37 @@ def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings)
     assert asked == [positions[row] for row in foreseen]
     assert not {tuple(sorted(t.params.items())) for t in held} & {
         tuple(sorted(p.items())) for p in asked}
+
+
+def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
+        monkeypatch, recordings):
+    """Where the examples hold the family at other shapes, the examples' model is fitted once,
+    and the study's own results enter as a correction fitted on them alone (deterministic with
+    a fixed seed): a config measured far below its prediction loses score, one measured
+    above gains."""
+    from tuner.search import costmodel
+
+    fits = []
+    real = costmodel.CostModel.fit
+    monkeypatch.setattr(costmodel.CostModel, "fit", lambda model: fits.append(1) or real(model))
+    runs = []
+    for _ in range(2):
+        study, distributions = _vectorized_model_study(
+            problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=3)
+        sampler = study.sampler
+        assert sampler.correcting
+        told = []
+        for number in range(14):
+            trial = study.ask(distributions)
+            row = sampler.index[tuple(int(trial.params[n]) for n in sampler.names)]
+            value = 100.0 if number % 2 else 10.0  # every other one far slower than the rest
+            study.tell(trial, value)
+            told.append((row, value))
+        study.tell(study.ask(distributions), 50.0)  # the refit after the last of those
+        runs.append((sampler.scores.copy(), sampler._base, told))
+    assert len(fits) == 2  # one fit of the examples per study, however many refits
+    (scores, base, told), (again, _, told_again) = runs
+    assert told == told_again and np.array_equal(scores, again)
+    slow = [r for r, v in told if v == 10.0]
+    fast = [r for r, v in told if v == 100.0]
+    assert np.mean(scores[slow] - base[slow]) < min(0.0, np.mean(scores[fast] - base[fast]))

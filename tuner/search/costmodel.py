@@ -5,7 +5,8 @@ What it reads of a config (``features``) is known before anything is compiled or
 the launch geometry (``tuner.search.prior.Geometry``: block tile, threads, split of K, dynamic
 shared memory), what follows from it on the target GPU (estimated registers, blocks resident
 per SM, rounds of blocks on the busiest SM, idle share of the last round, padding of edge
-tiles, the static prior's throughput terms), the problem's size, and the family's own
+tiles, the static prior's throughput terms, waves of blocks over what the GPU holds at once),
+the problem's size, and the family's own
 parameters (log2, by name; NaN where a family lacks one). The family itself is a feature as
 well, so measurements of the same family at other shapes weigh most.
 
@@ -49,6 +50,11 @@ GEOMETRY_FEATURES = (
     "resident_warps", "rounds", "last_round_idle", "edge_waste", "log2_k_per_split",
     "issue", "smem_term", "global_term", "staging_term", "log2_blocks_per_sm_count",
     "prior_rate",  # the static prior's estimate over the best estimate among the configs given
+    # blocks over the blocks the whole GPU holds at once (estimated occupancy): a size relative
+    # to the problem, so what larger tiles do at another shape carries over where the trees
+    # cannot extrapolate log2_m and its kin (replay, session 21: tf32x3 at 3000³ 45 → 20.5
+    # measurements to 3 %)
+    "waves",
 )
 FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS))
 FAMILY_COLUMN = FEATURES.index("family")
@@ -112,6 +118,7 @@ def features(family: Any, config: Mapping[str, int], problem: Problem, target: T
         depth / (depth + STAGED_DEPTH_HALF) if depth else 1.0,
         math.log2(max(geom.blocks, 1) / target.sm_count),
         rate(geom, usage, target, k),
+        geom.blocks / (max(per_block, 1) * target.sm_count),
         float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES else math.nan,
     ]
     values += [math.log2(config[p]) if p in config and config[p] > 0
@@ -221,6 +228,38 @@ class CostModel:
         # forked after a multi-threaded prediction hung in its first one (bench/NOTES.md,
         # session 15); a live study refits on a background thread instead (ModelSampler)
         with threadpool_limits(1):
+            return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
+
+
+class Correction:
+    """A study's own measurements as a correction of a model fitted on other problems: a small
+    boosted model of (own fraction − that model's prediction), fitted on the own rows alone.
+    The other problems' model stays as fitted; where they hold the family at other shapes,
+    refitting it with the own rows weighted in let a few dozen rows of one shape pull the
+    whole fit (replay, session 21). The rows are one family's: no family column, and the
+    columns with no value (other families' parameters) are left out."""
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self.seed = 0 if seed is None else int(seed) % (2**32)
+        self._model: Any = None
+        self._columns = np.ones(len(FEATURES), dtype=bool)
+
+    def fit(self, x: np.ndarray, residuals: np.ndarray) -> Correction:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
+
+        self._columns = ~np.all(np.isnan(x), axis=0)
+        self._model = HistGradientBoostingRegressor(
+            max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
+            min_samples_leaf=max(2, len(x) // 8), early_stopping=False, random_state=self.seed)
+        with threadpool_limits(1):  # (as CostModel.fit)
+            self._model.fit(x[:, self._columns], residuals)
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):  # (as CostModel.predict)
             return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
 
 

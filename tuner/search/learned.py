@@ -3,10 +3,11 @@
 The model (``tuner.search.costmodel``) is fitted on what other problems measured — the results
 database's trials of other shapes and GPU models (``examples_from_database``), or in the
 benchmark the other recordings (``examples_from_recordings``, which is where the
-leave-one-out split lives) — and, as the study goes on, on the study's own measurements,
-weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples, and
-refitted as they grow
-(``REFIT_GROWTH``). Each ask takes the unmeasured accepted config with the highest
+leave-one-out split lives). As the study goes on, its own measurements are learned as they
+grow (``REFIT_GROWTH``): where the examples hold the family at other shapes, as a correction of
+that fit (``costmodel.Correction``, fitted on the own rows alone); else (the model knows the
+family only from the static prior's start-up) by refitting on the examples and the own rows,
+weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples. Each ask takes the unmeasured accepted config with the highest
 prediction whose geometry group holds fewer than ``PENDING_PER_GROUP`` configs still waiting
 for their result (a window of candidates in flight is spread over geometries); one ask in
 ``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
@@ -36,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 import kernels
 
 from tuner.problem import Problem
-from tuner.search.costmodel import FEATURES, CostModel, Example, matrix
+from tuner.search.costmodel import FEATURES, CostModel, Correction, Example, matrix
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -279,9 +280,13 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.scores: np.ndarray | None = None
         self.fitted_on = -1  # own measurements in the last fit (-1: none yet)
         self.fits = 0
+        # the examples hold the family at other shapes: their fit stays, own rows correct it
+        self.correcting = self.offline.rows > 0 and not self.startup
+        self._base: np.ndarray | None = None  # that fit's scores, made once
         if fitted is not None and fitted.scores is not None:
             # as the first ask's fit (no own measurements yet) would have left it
             self.scores, self.fitted_on, self.fits = fitted.scores, 0, 1
+            self._base = fitted.scores
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -391,22 +396,36 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 self.fitted_on >= 0 and count < max(self.fitted_on + 2,
                                                     self.fitted_on * REFIT_GROWTH)):
             return
-        model = self.offline.copy()
         rows = [self.index.get(_key(t.params, self.names)) for t in measured]
         values = np.array([float(t.value) for t, r in zip(measured, rows) if r is not None])
         rows_ok = [r for r in rows if r is not None]
-        if rows_ok and values.max() > 0:
-            # the own rows together weigh as much as all examples of other problems
-            weight = max(OWN_WEIGHT, self.offline.rows / len(rows_ok))
-            model.add(self.learned.x[rows_ok], values / values.max(), weight)
-        if model.rows == 0:
-            return
-        self.fitted_on = count
+        own = rows_ok and values.max() > 0
         x = self.learned.x
+        predict: Callable[[], np.ndarray]
+        if self.correcting:
+            if self._base is None:
+                self._base = self.offline.copy().fit().predict(x)
+            base = self._base
+            if own and len(rows_ok) >= 2:
+                residuals = values / values.max() - base[rows_ok]
+                correction = Correction(self.offline.seed)
+                predict = lambda: base + correction.fit(x[rows_ok], residuals).predict(x)
+            else:
+                predict = lambda: base
+        else:
+            model = self.offline.copy()
+            if own:
+                # the own rows together weigh as much as all examples of other problems
+                weight = max(OWN_WEIGHT, self.offline.rows / len(rows_ok))
+                model.add(x[rows_ok], values / values.max(), weight)
+            if model.rows == 0:
+                return
+            predict = lambda: model.fit().predict(x)
+        self.fitted_on = count
         if self.background and self.scores is not None:
-            self._fitting = _fit_thread().submit(lambda: model.fit().predict(x))
+            self._fitting = _fit_thread().submit(predict)
             return
-        self.scores = model.fit().predict(x)
+        self.scores = predict()
         self.fits += 1
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
