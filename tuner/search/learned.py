@@ -7,14 +7,15 @@ leave-one-out split lives). As the study goes on, its own measurements are learn
 grow (``REFIT_GROWTH``): where the examples hold the family at other shapes, as a correction of
 that fit (``costmodel.Correction``, fitted on the own rows alone); else (the model knows the
 family only from the static prior's start-up) by refitting on the examples and the own rows,
-weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples. Each ask takes the unmeasured accepted config with the highest
-prediction whose geometry group holds fewer than ``PENDING_PER_GROUP`` configs still waiting
-for their result (a window of candidates in flight is spread over geometries); one ask in
-``1/EPSILON`` takes a uniform one instead (an estimate that is wrong
-about a region would otherwise never be corrected there), as TVM MetaSchedule's
-epsilon-greedy search does. With nothing of the family to learn from yet (a fresh database, or
-examples of other families only), the start-up is the static prior's (``SearchSpace.startup``):
-what other families teach the model transfers worse than the prior (bench/NOTES.md).
+weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples.
+Each ask takes the unmeasured accepted config with the highest prediction whose geometry
+group holds fewer than ``PENDING_PER_GROUP`` configs still waiting for their result (a window
+of candidates in flight is spread over geometries); one ask in ``1/EPSILON`` takes a uniform
+one instead (an estimate that is wrong about a region would otherwise never be corrected
+there), as TVM MetaSchedule's epsilon-greedy search does. With nothing of the family to learn
+from yet (a fresh database, or examples of other families only), the start-up is the static
+prior's (``SearchSpace.startup``): what other families teach the model transfers worse than the
+prior (bench/NOTES.md).
 """
 
 from __future__ import annotations
