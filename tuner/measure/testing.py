@@ -136,6 +136,11 @@ class GpuFault(RuntimeError):
     """Stand-in for tuner.measure.gpu.GpuFault."""
 
 
+# Seconds one evaluation takes in the stand-in GPU child where its options name none: a test
+# that runs the command as a subprocess slows the child down through the environment.
+MEASURE_ENV = "GEMMTUNE_STANDIN_MEASURE_S"
+
+
 class GpuBench:
     """Stand-in for tuner.measure.gpu.GpuBench. ``faults`` maps a CUBIN's sha256 hex digest, or a
     kernel name (the first launch's), to what evaluating it does: "fault" (raise GpuFault), "hang"
@@ -147,7 +152,7 @@ class GpuBench:
         self.faults = faults or {}
         # Wall time one evaluation takes (slept, split 10/30/60 over load/verify/time), so that
         # bench/throughput.py shows on CPU how the loop overlaps with a busy GPU child.
-        self.measure_s = measure_s
+        self.measure_s = measure_s or float(os.environ.get(MEASURE_ENV) or 0.0)
         self.problem: tuple[int, int, int] | None = None
 
     def info(self) -> dict[str, Any]:
