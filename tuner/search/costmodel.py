@@ -191,7 +191,6 @@ class CostModel:
                      fractions([e.gflops for e in usable]), weight)
 
     def fit(self) -> CostModel:
-        from sklearn.ensemble import HistGradientBoostingRegressor
         from threadpoolctl import threadpool_limits
 
         if not self._rows:
@@ -206,10 +205,8 @@ class CostModel:
         categorical = np.zeros(len(FEATURES), dtype=bool)
         categorical[FAMILY_COLUMN] = True
         categorical = categorical[self._columns]
-        self._model = HistGradientBoostingRegressor(
-            max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
-            min_samples_leaf=min(MIN_SAMPLES_LEAF, max(1, len(x) // 4)),
-            categorical_features=categorical, early_stopping=False, random_state=self.seed)
+        self._model = _boosted(self.seed, min(MIN_SAMPLES_LEAF, max(1, len(x) // 4)),
+                               categorical)
         # one thread: deterministic, and the CPU's other cores are compiling candidates
         with threadpool_limits(1):
             self._model.fit(x, y, sample_weight=w)
@@ -222,13 +219,7 @@ class CostModel:
     def predict(self, x: np.ndarray) -> np.ndarray:
         if self._model is None:
             raise RuntimeError("the cost model has not been fitted (no examples)")
-        from threadpoolctl import threadpool_limits
-
-        # one thread: OpenMP's worker threads (GNU libgomp) do not survive a fork, and a process
-        # forked after a multi-threaded prediction hung in its first one (bench/NOTES.md,
-        # session 15); a live study refits on a background thread instead (ModelSampler)
-        with threadpool_limits(1):
-            return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
+        return _predict(self._model, self._columns, x)
 
 
 class Correction:
@@ -245,22 +236,38 @@ class Correction:
         self._columns = np.ones(len(FEATURES), dtype=bool)
 
     def fit(self, x: np.ndarray, residuals: np.ndarray) -> Correction:
-        from sklearn.ensemble import HistGradientBoostingRegressor
         from threadpoolctl import threadpool_limits
 
         self._columns = ~np.all(np.isnan(x), axis=0)
-        self._model = HistGradientBoostingRegressor(
-            max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
-            min_samples_leaf=max(2, len(x) // 8), early_stopping=False, random_state=self.seed)
+        # leaves of a few rows: there are tens of own rows, not thousands
+        self._model = _boosted(self.seed, max(2, len(x) // 8))
         with threadpool_limits(1):  # (as CostModel.fit)
             self._model.fit(x[:, self._columns], residuals)
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        from threadpoolctl import threadpool_limits
+        return _predict(self._model, self._columns, x)
 
-        with threadpool_limits(1):  # (as CostModel.predict)
-            return self._model.predict(np.asarray(x, dtype=np.float64)[:, self._columns])
+
+def _boosted(seed: int, min_samples_leaf: int, categorical: np.ndarray | None = None) -> Any:
+    """The boosted trees both models fit (``MAX_ITER`` and its kin), seeded."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(
+        max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
+        min_samples_leaf=min_samples_leaf, categorical_features=categorical,
+        early_stopping=False, random_state=seed)
+
+
+def _predict(model: Any, columns: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``model``'s predictions over the columns it was fitted on, on one thread: OpenMP's worker
+    threads (GNU libgomp) do not survive a fork, and a process forked after a multi-threaded
+    prediction hung in its first one (bench/NOTES.md, session 15); a live study refits on a
+    background thread instead (ModelSampler)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return model.predict(np.asarray(x, dtype=np.float64)[:, columns])
 
 
 def preload() -> None:
