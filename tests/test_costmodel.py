@@ -18,8 +18,7 @@ from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.search.costmodel import (FAMILY_COLUMN, FEATURES, CostModel, features, grid_fill,
-                                    matrix, transfer_scores)
+from tuner.search.costmodel import FEATURES, CostModel, features, matrix
 from tuner.search.learned import (LearnedSpace, examples_for_study, examples_from_database,
                                   examples_from_recordings, model_picks, problem_held_out)
 from tuner.search.prior import Target
@@ -61,35 +60,6 @@ def test_the_fit_is_deterministic_with_a_fixed_seed(recordings):
     a, b = first.fit().predict(x), second.fit().predict(x)
     assert np.array_equal(a, b)
     assert np.ptp(a) > 0  # it ranks, it does not predict one constant
-
-
-def test_transfer_scores_average_three_views_of_the_examples(recordings):
-    """The family view holds that family's rows only, the per-fill view learns GFLOP/s over
-    the grid's fill and predicts it times the fill, and the scores are their mean with the
-    every-family view's: deterministic, and other families' rows change only two views."""
-    examples = CostModel(seed=3)
-    examples.add_examples(examples_from_recordings(recordings))
-    family = kernels.FAMILIES["pipelined"]
-    configs = family.accepted_configs()
-    x = matrix(family, configs[::max(1, len(configs) // 300)], Problem(2500, 1900, 1200), H100)
-
-    own = examples.copy(family="pipelined")
-    code = x[0, FAMILY_COLUMN]
-    assert 0 < own.rows < examples.rows
-    assert all(np.all(rows[:, FAMILY_COLUMN] == code) for rows in own._rows)
-
-    fill = grid_fill(x)
-    assert np.all((fill > 0) & (fill <= 1)) and np.ptp(fill) > 0
-    per_fill = examples.copy(per_fill=True).fit()
-    plain_of_divided = CostModel(seed=3)
-    for rows, y, w in zip(examples._rows, examples._targets, examples._weights):
-        plain_of_divided.add(rows, y / grid_fill(rows), float(w[0]))
-    assert np.allclose(per_fill.predict(x), plain_of_divided.fit().predict(x) * fill)
-
-    scores = transfer_scores(examples, "pipelined", x)
-    views = [examples.copy().fit().predict(x), own.fit().predict(x), per_fill.predict(x)]
-    assert np.allclose(scores, np.mean(views, axis=0))
-    assert np.array_equal(scores, transfer_scores(examples, "pipelined", x))
 
 
 def test_the_model_ranks_a_recorded_problem_it_was_fitted_on(recordings):
@@ -505,8 +475,7 @@ def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
             told.append((row, value))
         study.tell(study.ask(distributions), 50.0)  # the refit after the last of those
         runs.append((sampler.scores.copy(), sampler._base, told))
-    # one fit of the examples' three views (``transfer_scores``) per study, however many refits
-    assert len(fits) == 2 * 3
+    assert len(fits) == 2  # one fit of the examples per study, however many refits
     (scores, base, told), (again, _, told_again) = runs
     assert told == told_again and np.array_equal(scores, again)
     slow = [r for r, v in told if v == 10.0]

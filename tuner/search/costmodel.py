@@ -151,31 +151,19 @@ class CostModel:
     best. ``fit`` on examples (normalised per unit); ``add`` rows normalised by the caller
     (a study's own measurements, weighted)."""
 
-    def __init__(self, seed: int | None = 0, per_fill: bool = False) -> None:
+    def __init__(self, seed: int | None = 0) -> None:
         self.seed = 0 if seed is None else int(seed) % (2**32)
-        # learn GFLOP/s over the grid's fill of the GPU (``grid_fill``), predict it times the
-        # fill: what a tile does per busy SM carries across shapes, its tail does not
-        self.per_fill = per_fill
         self._rows: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._weights: list[np.ndarray] = []
         self._model: Any = None
         self._columns = np.ones(len(FEATURES), dtype=bool)  # the columns the fit used
 
-    def copy(self, family: str | None = None, per_fill: bool | None = None) -> CostModel:
-        """The same rows (``family``: that family's only), unfitted (rows are shared: they are
-        never changed in place)."""
-        other = CostModel(self.seed, self.per_fill if per_fill is None else per_fill)
-        rows = zip(self._rows, self._targets, self._weights)
-        if family is not None:
-            code = FAMILY_NAMES.index(family)
-            rows = ((x[keep], y[keep], w[keep]) for x, y, w in rows
-                    for keep in [x[:, FAMILY_COLUMN] == code])
-        for x, y, w in rows:
-            if len(x):
-                other._rows.append(x)
-                other._targets.append(y)
-                other._weights.append(w)
+    def copy(self) -> CostModel:
+        """The same rows, unfitted (rows are shared: they are never changed in place)."""
+        other = CostModel(self.seed)
+        other._rows, other._targets = list(self._rows), list(self._targets)
+        other._weights = list(self._weights)
         return other
 
     @property
@@ -211,8 +199,6 @@ class CostModel:
         x = np.concatenate(self._rows)
         y = np.concatenate(self._targets)
         w = np.concatenate(self._weights)
-        if self.per_fill:
-            y = y / grid_fill(x)
         # a column no example has (a parameter of families not in the data) says nothing
         self._columns = ~np.all(np.isnan(x), axis=0)
         x = x[:, self._columns]
@@ -233,28 +219,7 @@ class CostModel:
     def predict(self, x: np.ndarray) -> np.ndarray:
         if self._model is None:
             raise RuntimeError("the cost model has not been fitted (no examples)")
-        predicted = _predict(self._model, self._columns, x)
-        return predicted * grid_fill(x) if self.per_fill else predicted
-
-
-def transfer_scores(examples: CostModel, family: str, x: np.ndarray) -> np.ndarray:
-    """Predictions for rows ``x`` of ``family`` from examples that hold the family at other
-    shapes: the mean of three fits that each transfer something else: every family's rows
-    (what the trees find in common), the family's own rows alone (no other family's splits),
-    and every family's rows per unit of the grid's fill (``per_fill``: what wave quantization
-    does at the new shape, which trees cannot extrapolate from one or two other shapes). Any
-    one of them alone ranks some recorded pair far worse than random (bench/NOTES.md,
-    session 22); their mean none."""
-    views = [examples.copy(), examples.copy(family=family), examples.copy(per_fill=True)]
-    return np.mean([view.fit().predict(x) for view in views if view.rows], axis=0)
-
-
-def grid_fill(x: np.ndarray) -> np.ndarray:
-    """The share of the GPU's SMs a config's grid keeps busy over its rounds of one block per
-    SM (blocks / (rounds · SMs)), from its feature rows; no occupancy estimate enters it (the
-    estimated registers are often far off). Floored at 5 %: a target is divided by it."""
-    per_sm = np.exp2(x[:, FEATURES.index("log2_blocks_per_sm_count")])
-    return np.clip(per_sm / np.ceil(per_sm - 1e-9), 0.05, 1.0)
+        return _predict(self._model, self._columns, x)
 
 
 class Correction:

@@ -5,7 +5,7 @@ database's trials of other shapes and GPU models (``examples_from_database``), o
 benchmark the other recordings (``examples_from_recordings``, which is where the
 leave-one-out split lives). As the study goes on, its own measurements are learned as they
 grow (``REFIT_GROWTH``): where the examples hold the family at other shapes, as a correction of
-that fit (itself three fits averaged, ``costmodel.transfer_scores``) (``costmodel.Correction``, fitted on the own rows alone); else (the model knows the
+that fit (``costmodel.Correction``, fitted on the own rows alone); else (the model knows the
 family only from the static prior's start-up) by refitting on the examples and the own rows,
 weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples.
 Each ask takes the unmeasured accepted config with the highest prediction whose geometry
@@ -38,8 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 import kernels
 
 from tuner.problem import Problem
-from tuner.search.costmodel import (FAMILY_COLUMN, FAMILY_NAMES, FEATURES, CostModel,
-                                    Correction, Example, matrix, transfer_scores)
+from tuner.search.costmodel import FEATURES, CostModel, Correction, Example, matrix
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: i
     rows of the study's accepted configs)."""
     offline = CostModel(seed)
     offline.add_examples(examples)
-    scores = (transfer_scores(offline, family, x)
+    scores = (offline.copy().fit().predict(x)
               if offline.rows and learns_family(examples, family) else None)
     return PreparedFit(fit_key(seed, examples), offline, scores)
 
@@ -216,11 +215,6 @@ class LearnedSpace:
     x: np.ndarray
     examples: Sequence[Example]
     fitted: PreparedFit | None = None
-
-    @property
-    def family(self) -> str:
-        """The family of the configs (every row holds it)."""
-        return FAMILY_NAMES[int(self.x[0, FAMILY_COLUMN])]
 
     @classmethod
     def build(cls, family: Any, accepted: Sequence[Mapping[str, int]],
@@ -411,7 +405,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         predict: Callable[[], np.ndarray]
         if self.correcting:
             if self._base is None:
-                self._base = transfer_scores(self.offline, self.learned.family, x)
+                self._base = self.offline.copy().fit().predict(x)
             base = self._base
             if own and len(rows_ok) >= 2:
                 residuals = values / values.max() - base[rows_ok]
