@@ -133,17 +133,17 @@ def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
 
 def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
            seed: int | None = 0) -> list[Example]:
-    """The examples a study of ``family`` fits on: where they hold the family, its own only
-    (every family's rows in one fit let a recording of one family reorder the searches of all:
-    bench/NOTES.md, session 22); else all, which teach a family no example holds more than
-    nothing. At most ``limit``, a seeded sample: the sampler refits during a study, and a fit's
-    time grows with the rows (3,400 rows: 0.2-0.4 s on one idle core of the 2-core CI machine)."""
-    own = [e for e in examples if e.family == family]
-    if own:
-        examples = own
+    """At most ``limit`` examples, the family's own first, then a seeded sample of the others:
+    the sampler refits during a study on the main thread, and a fit's time grows with the rows
+    (3,400 rows: 0.2-0.4 s on one idle core of the 2-core CI machine)."""
     if len(examples) <= limit:
         return list(examples)
-    return random.Random(seed).sample(list(examples), limit)
+    own = [e for e in examples if e.family == family]
+    others = [e for e in examples if e.family != family]
+    rng = random.Random(seed)
+    if len(own) >= limit:
+        return rng.sample(own, limit)
+    return own + rng.sample(others, limit - len(own))
 
 
 def geometry_groups(x: np.ndarray) -> np.ndarray:
