@@ -4,7 +4,7 @@ Imports none of the other layers.
 """
 from kernels.compiler import CompiledKernel, CompileError, Resources, compile_config, nvrtc_version
 from kernels.families import LADDER
-from kernels.occupancy import ARCH_LIMITS, Occupancy, occupancy
+from kernels.occupancy import ARCH_LIMITS, Occupancy, max_registers, occupancy
 from kernels.space import PRECISIONS, Config, ConfigError, Constraint, Family, Launch, Param
 
 FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
@@ -27,5 +27,5 @@ def gemm(family, config, a, b, c, m, n, k, alpha=1.0, beta=0.0, *, stream=0, dev
 __all__ = [
     "ARCH_LIMITS", "CompileError", "PRECISIONS", "CompiledKernel", "Config", "ConfigError", "Constraint", "FAMILIES",
     "Family", "Launch", "Occupancy", "Param", "Resources", "compile_config", "gemm", "get_family",
-    "nvrtc_version", "occupancy",
+    "nvrtc_version", "occupancy", "max_registers",
 ]

@@ -86,3 +86,14 @@ def occupancy(arch: str, threads_per_block: int, registers_per_thread: int,
     limiter = min(limits, key=lambda k: limits[k])
     blocks = max(0, limits[limiter])
     return Occupancy(blocks, blocks * warps, lim.max_warps_per_sm, limiter)
+
+
+@lru_cache(maxsize=256)
+def max_registers(arch: str, threads_per_block: int) -> int:
+    """The most registers per thread with which one block of this many threads fits on an SM:
+    what ptxas holds a kernel to under ``__launch_bounds__(threads)`` (every family declares
+    it), spilling what does not fit. 64 for 1024 threads, 128 for 512, 255 from 256 down."""
+    for registers in range(255, 0, -1):
+        if occupancy(arch, threads_per_block, registers, 0).blocks_per_sm >= 1:
+            return registers
+    return 0

@@ -43,6 +43,24 @@ def test_spills_and_unlaunchable_configs_rank_low():
     assert prior.rate(_geom(64, threads=512), prior.Usage(registers=255), H100, k=1024) == 0.0
 
 
+def test_the_prior_reads_registers_as_capped_by_the_launch_bounds(tmp_path):
+    """Every family declares ``__launch_bounds__(threads)``, so ptxas holds a 1024-thread
+    block to 64 registers: the prior's estimate is capped there (uncapped, every such config
+    read as one that cannot run, and blocktile1d's best at 2048³ is one)."""
+    assert [kernels.max_registers("sm_90", t) for t in (1024, 768, 512, 256)] == [64, 80, 128, 255]
+    family = kernels.get_family("blocktile1d")
+    config = {"BM": 128, "BN": 128, "BK": 64, "TM": 16}
+    geom = prior.geometry(family, config, 2048, 2048, 2048)
+    assert geom.threads == 1024
+    compiled = kernels.compile_config(family, config, "sm_90", cache_dir=str(tmp_path))
+    assert compiled.main.registers <= kernels.max_registers("sm_90", 1024)
+    assert prior.estimated_usage(geom).registers > 64  # the cost model's feature, uncapped
+    assert prior.rate(geom, prior.estimated_usage(geom), H100, 2048) == 0.0
+    capped = prior.estimated_usage(geom, H100.arch)
+    assert capped.registers == 64 and capped.spill_bytes == 0  # 16 accumulators fit in 64
+    assert prior.rate(geom, capped, H100, 2048) > 0.0
+
+
 def test_more_outputs_per_thread_rank_higher_when_the_gpu_stays_full():
     usage = prior.Usage(registers=96)
     small = prior.rate(_geom(4096, tile=(32, 32), threads=64), usage, H100, k=1024)

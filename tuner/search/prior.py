@@ -97,12 +97,24 @@ def geometry(family: Any, config: Mapping[str, int], m: int, n: int, k: int) -> 
     return Geometry(blocks, threads, (int(rows), int(cols)), main.grid[2], main.shared_bytes)
 
 
-def estimated_usage(geom: Geometry) -> Usage:
+def estimated_usage(geom: Geometry, arch: str | None = None) -> Usage:
     """Registers without compiling: accumulators plus operands and addressing, about
     max(q + 64, 1.8·q) for q outputs per thread (ptxas' median on the tile families), capped
-    at what ptxas may use."""
+    at what ptxas may use: 255, or with ``arch`` what a block of ``geom.threads`` may hold
+    there, as every family's ``__launch_bounds__`` holds ptxas to it (64 registers for 1024
+    threads: uncapped, every 1024-thread config reads as one that cannot run), the
+    accumulators past it spilled (as ``best_rate`` bounds them). The prior's ranking passes
+    ``arch``; the cost model's features do not (capped, they moved the replay's rows of
+    families whose configs were never near the cap: bench/NOTES.md, session 22)."""
     q = geom.outputs_per_thread
-    return Usage(registers=min(255, int(max(q + 64, 1.8 * q))))
+    cap = 255
+    if arch is not None:
+        try:
+            cap = min(cap, kernels.max_registers(arch, geom.threads))
+        except ValueError:  # an architecture without limits, or threads out of range
+            pass
+    return Usage(registers=min(cap, int(max(q + 64, 1.8 * q))),
+                 spill_bytes=int(4 * max(0.0, q - cap)))
 
 
 def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
@@ -214,7 +226,7 @@ def startup_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, 
     groups = groups if groups is not None else group_configs(family, accepted, m, n, k)
     ranking.groups = len(groups)
     picks = {key: rng.choice(members) for key, (_, members) in groups.items()}
-    scored = {key: rate(geom, estimated_usage(geom), target, k)
+    scored = {key: rate(geom, estimated_usage(geom, target.arch), target, k)
               for key, (geom, _) in groups.items()}
     position = {key: index for index, key in enumerate(scored)}  # ties: the groups' order
     if resources is not None:
