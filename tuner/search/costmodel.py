@@ -152,7 +152,7 @@ class CostModel:
     (a study's own measurements, weighted)."""
 
     def __init__(self, seed: int | None = 0) -> None:
-        self.seed = 0 if seed is None else int(seed) % (2**32)
+        self.seed = _seed(seed)
         self._rows: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._weights: list[np.ndarray] = []
@@ -231,7 +231,7 @@ class Correction:
     columns with no value (other families' parameters) are left out."""
 
     def __init__(self, seed: int | None = 0) -> None:
-        self.seed = 0 if seed is None else int(seed) % (2**32)
+        self.seed = _seed(seed)
         self._model: Any = None
         self._columns = np.ones(len(FEATURES), dtype=bool)
 
@@ -247,6 +247,11 @@ class Correction:
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return _predict(self._model, self._columns, x)
+
+
+def _seed(seed: int | None) -> int:
+    """A seed scikit-learn takes (None: 0)."""
+    return 0 if seed is None else int(seed) % (2**32)
 
 
 def _boosted(seed: int, min_samples_leaf: int, categorical: np.ndarray | None = None) -> Any:

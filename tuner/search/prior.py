@@ -114,7 +114,7 @@ def estimated_usage(geom: Geometry, arch: str | None = None) -> Usage:
         except ValueError:  # an architecture without limits, or threads out of range
             pass
     return Usage(registers=min(cap, int(max(q + 64, 1.8 * q))),
-                 spill_bytes=int(4 * max(0.0, q - cap)))
+                 spill_bytes=int(least_spill_bytes(q, cap)))
 
 
 def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
@@ -128,14 +128,19 @@ def rate(geom: Geometry, usage: Usage, target: Target, k: int) -> float:
     return _rate_at(geom, occ.blocks_per_sm, usage.spill_bytes, target, k)
 
 
+def least_spill_bytes(outputs_per_thread: float, registers: int) -> float:
+    """Each thread keeps its q outputs in registers through the K loop: with fewer registers
+    than that, ptxas spills at least 4·(q − r) bytes (true of every ok config in
+    tuner/recordings)."""
+    return max(0.0, 4.0 * (outputs_per_thread - registers))
+
+
 def best_rate(geom: Geometry, target: Target, k: int) -> float:
     """An upper bound of ``rate`` over every usage ptxas could report for ``geom``, which lets
     the prior skip compiles that cannot change its ranking. Resources enter ``rate`` only through
-    the blocks resident per SM and the spills. Each thread keeps its share of the block's
-    outputs (``outputs_per_thread``, q) in registers through the K loop, so r < q registers
-    spill at least 4·(q − r) bytes (true of every ok config in tuner/recordings). For
-    each register count (in the allocation's steps of 8) the bound takes the least spill and the
-    best of the block counts it allows (static shared memory can only lower them)."""
+    the blocks resident per SM and the spills. For each register count (in the allocation's
+    steps of 8) the bound takes the least spill (``least_spill_bytes``) and the best of the block
+    counts it allows (static shared memory can only lower them)."""
     q = geom.outputs_per_thread
     best = 0.0
     for registers in [*range(8, 256, 8), 255]:
@@ -144,7 +149,7 @@ def best_rate(geom: Geometry, target: Target, k: int) -> float:
                                      geom.shared_bytes).blocks_per_sm
         except ValueError:
             return 0.0
-        spill = max(0.0, 4.0 * (q - registers))
+        spill = least_spill_bytes(q, registers)
         best = max([best, *(_rate_at(geom, blocks, spill, target, k)
                             for blocks in range(1, most + 1))])
     return best
