@@ -17,7 +17,8 @@ The model is a rough throughput estimate with three mechanisms, none of them fam
 * staging: the depth of K a block holds in shared memory (dynamic shared memory over the tile's
   rows plus columns): every slice ends in barriers and a copy, which deeper slices amortize.
 
-Spills (local memory) and configs that cannot be resident at all score near zero. It ranks
+Configs that cannot be resident at all score zero, local arrays (kilobytes of spills) near
+it; a few registers spilled where the launch bounds cap them cost little. It ranks
 groups of configs the model cannot tell apart (same block tile, threads, split) only. Within a
 group the warp layout (how a block's tile is split among warps and lanes) can still cost 40%
 (registers past an occupancy step, shared-memory wavefronts), and the model cannot see it: the
@@ -52,8 +53,14 @@ GLOBAL_REUSE_HALF = 8.0
 # the rate (bench/NOTES.md, session 4: without it the prior preferred 8-deep slices, which
 # measure 0.6-0.85 of the best on warptile's full grid at 2048³).
 STAGED_DEPTH_HALF = 4.0
-# Spilled bytes (stores + loads per thread, as ptxas reports) that halve the rate.
-SPILL_HALF_BYTES = 32.0
+# Spilled bytes (stores + loads per thread, as ptxas reports) that halve the rate. A few
+# registers spilled at the launch bounds' cap cost nothing measurable in the recordings (within
+# a geometry group, spilling up to 1 KB measures 0.97-1.17 of its clean members), a local array
+# (15-22 KB) leaves 2-4 % of the best. 1024: the rank correlation of the prior with the
+# recorded speeds, chosen leaving each recording out, on 19 of 20 (family, shape) recordings
+# (512 on the other); 32 ranked blocktile1d's best at 2048³ (72 bytes) 276th of 284
+# (bench/NOTES.md, session 23).
+SPILL_HALF_BYTES = 1024.0
 # Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
 MAX_COMPILES = 48
 # Members of each of the best groups the start-up measures (a group's first measurement alone
