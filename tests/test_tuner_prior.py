@@ -65,7 +65,7 @@ def test_the_prior_reads_registers_as_capped_by_the_launch_bounds(tmp_path):
 def test_blocktile1d_best_ranks_high_though_it_spills_at_the_cap():
     """blocktile1d's best at 2048³ (1024 threads held to 64 registers) spills 72 bytes and
     measures 1.09× the next config: read with the recorded resources, the prior ranks it among
-    the first tenth of the 284 (with spills halving the rate at 32 bytes it ranked 276th)."""
+    the first tenth of the 284 (with spills halving the rate at 32 bytes it ranked 277th)."""
     problem = Problem(2048, 2048, 2048)
     replay = ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-blocktile1d-2048.json.gz")
     family = replay.family(kernels.get_family("blocktile1d"))

@@ -58,7 +58,7 @@ STAGED_DEPTH_HALF = 4.0
 # a geometry group, spilling up to 1 KB measures 0.97-1.17 of its clean members), a local array
 # (15-22 KB) leaves 2-4 % of the best. 1024: the rank correlation of the prior with the
 # recorded speeds, chosen leaving each recording out, on 19 of 20 (family, shape) recordings
-# (512 on the other); 32 ranked blocktile1d's best at 2048³ (72 bytes) 276th of 284
+# (512 on the other); 32 ranked blocktile1d's best at 2048³ (72 bytes) 277th of 284
 # (bench/NOTES.md, session 23).
 SPILL_HALF_BYTES = 1024.0
 # Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
