@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ def parse_trees(specs: list[str]) -> dict[str, Path]:
 
 def read_results(db_file: Path) -> dict[str, Any]:
     """Per family: verified configs and the best GFLOP/s; over all: the SM clocks."""
-    with sqlite3.connect(db_file) as db:
+    with closing(sqlite3.connect(db_file)) as db:
         rows = db.execute(
             "SELECT f.name, COUNT(*), MAX(t.gflops) FROM gt_trials t "
             "JOIN gt_runs r ON t.run_id = r.id JOIN gt_families f ON r.family_id = f.id "
@@ -67,10 +67,9 @@ def run_once(label: str, tree: Path, tuner_args: list[str]) -> dict[str, Any]:
         db_file = Path(scratch) / "gemmtune.sqlite"
         command = [sys.executable, "-m", "tuner", *tuner_args,
                    "--db", f"sqlite:///{db_file}", "--cache", str(Path(scratch) / "cubins")]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=tree, env=env, stdout=subprocess.PIPE,
+        # ``-m`` puts the working folder first on sys.path: the tree's own packages are imported
+        done = subprocess.run(command, cwd=tree, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         wall_s = time.perf_counter() - start
         if done.returncode != 0:
