@@ -59,7 +59,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, default_workers
@@ -147,8 +147,13 @@ class CpuSampler:
     time, busy share of all cores since the previous sample). Says whether a study waits for
     the GPU child because the cores are full (compiles) or for some other reason."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiling: Callable[[], tuple[int, int]] | None = None) -> None:
         self.samples: list[tuple[float, float]] = []
+        # beside each sample: the compile pool's compiles queued or running, and of those the
+        # ones begun ahead of an ask (``compiling``): whether a study that kept the GPU child
+        # waiting had its workers full, and with what
+        self.compiling = compiling
+        self.compiles: list[tuple[float, int, int]] = []
         self.available = Path("/proc/stat").exists()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,9 +173,12 @@ class CpuSampler:
             busy0, total0 = self._times()
             while not self._stop.wait(SAMPLE_EVERY_S):
                 busy, total = self._times()
+                now = time.monotonic()
                 if total > total0:
-                    self.samples.append((time.monotonic(), (busy - busy0) / (total - total0)))
+                    self.samples.append((now, (busy - busy0) / (total - total0)))
                 busy0, total0 = busy, total
+                if self.compiling is not None:
+                    self.compiles.append((now, *self.compiling()))
 
         self._thread = threading.Thread(target=poll, daemon=True)
         self._thread.start()
@@ -184,24 +192,48 @@ class CpuSampler:
         inside = [u for t, u in self.samples if a <= t <= b]
         return statistics.fmean(inside) if inside else None
 
+    def mean_compiling(self, a: float, b: float, workers: int
+                       ) -> tuple[float, float] | None:
+        """Compile workers busy on average in [a, b], and of them with compiles begun ahead."""
+        inside = [(min(n, workers), min(ahead, workers)) for t, n, ahead in self.compiles
+                  if a <= t <= b]
+        if not inside:
+            return None
+        return (statistics.fmean(n for n, _ in inside),
+                statistics.fmean(ahead for _, ahead in inside))
+
 
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
-              cpu: CpuSampler) -> list[dict[str, Any]]:
+              cpu: CpuSampler, workers: int | None = None) -> list[dict[str, Any]]:
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
-    studies run family after family, shape after shape, so loop i is families[i % len]."""
+    studies run family after family, shape after shape, so loop i is families[i % len].
+
+    The child's idle time in it, by where it falls: ``idle_head_s`` before the study's first
+    answer began (the set-up, the first asks and compiles), ``idle_tail_s`` after its last
+    answer (the loop's end: the last compiles waited for, then stores), ``idle_mid_s`` the gaps
+    between; and the compile workers busy on average (``workers_busy``, of ``workers``; of
+    them ``workers_busy_ahead`` on compiles begun ahead of an ask, ``compile_ahead``)."""
     rows = []
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):
         busy = sum(max(0.0, min(end, b) - max(start, a)) for a, b in child_spans)
-        answers = sum(start <= b <= end for _, b in child_spans)
+        mine = sorted((a, b) for a, b in child_spans if start <= b <= end)
         wall = end - start
+        head = (mine[0][0] - start) if mine else wall
+        tail = (end - mine[-1][1]) if mine else 0.0
+        mid = sum(max(0.0, a2 - b1) for (_, b1), (a2, _) in zip(mine, mine[1:]))
+        compiling = None if workers is None else cpu.mean_compiling(start, end, workers)
         rows.append({"family": families[i % len(families)] if families else "?", "wall_s": wall,
                      "set_up_s": begin - start,  # the main thread's, before the loop began
-                     "answers": answers, "child_busy_share": busy / wall if wall > 0 else 0.0,
-                     "host_cpu_share": cpu.mean(start, end)})
+                     "answers": len(mine), "child_busy_share": busy / wall if wall > 0 else 0.0,
+                     "host_cpu_share": cpu.mean(start, end),
+                     "idle_head_s": max(0.0, head), "idle_mid_s": mid,
+                     "idle_tail_s": max(0.0, tail),
+                     "workers_busy": None if compiling is None else compiling[0],
+                     "workers_busy_ahead": None if compiling is None else compiling[1]})
         start = end
     return rows
 
@@ -368,12 +400,17 @@ def print_report(result: dict[str, Any]) -> None:
     if result.get("host_cpu_share") is not None:
         print(f"host CPU busy (all cores, /proc/stat) over tuning wall: {result['host_cpu_share']:.1%}")
     if result.get("studies"):
-        print(f"\n{'study':<14}{'wall s':>8}{'set-up s':>10}{'answers':>9}{'GPU child':>11}{'host CPU':>10}{'compiles':>10}")
+        print(f"\n{'study':<14}{'wall s':>8}{'set-up s':>10}{'answers':>9}{'GPU child':>11}"
+              f"{'host CPU':>10}{'compiles':>10}{'idle head/mid/tail s':>22}{'workers (ahead)':>16}")
         for row in result["studies"]:
-            cpu = row["host_cpu_share"]
+            cpu, busy = row["host_cpu_share"], row.get("workers_busy")
+            ahead = row.get("workers_busy_ahead")
+            idle = (f"{row.get('idle_head_s', 0):.2f}/{row.get('idle_mid_s', 0):.2f}/"
+                    f"{row.get('idle_tail_s', 0):.2f}")
             print(f"{row['family']:<14}{row['wall_s']:>8.1f}{row['set_up_s']:>10.2f}{row['answers']:>9}"
                   f"{row['child_busy_share']:>11.1%}" + (f"{cpu:>10.1%}" if cpu is not None else f"{'-':>10}")
-                  + f"{result.get('compiles', {}).get(row['family'], '-'):>10}")
+                  + f"{result.get('compiles', {}).get(row['family'], '-'):>10}{idle:>22}"
+                  + (f"{busy:>9.1f} ({ahead:.1f})" if busy is not None else f"{'-':>16}"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
+        pool = evaluator.pool
+        cpu.compiling = pool.building
         tuning_from = time.monotonic()
         with evaluator:
             try:
@@ -443,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     families = [f.name for f in options.families if f.offered_on(arch)]
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),
-        "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu),
+        "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu,
+                             workers),
         **({"compiles": {f: len(c) for f, c in compiled.items()}, "compiled": compiled}
            if compiled is not None else {}),
         "best_gflops": best,

@@ -124,14 +124,24 @@ def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
             self.windows.append((a, b))
             return 0.5
 
+        def mean_compiling(self, a, b, workers):
+            return (14.0, 2.0) if a == 0.0 else (3.0, 0.0)
+
     spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0)]
-    rows = throughput.per_study(["naive", "smem"], [(3.6, 6.0), (0.9, 3.2)], spans, 0.0, Cpu())
+    rows = throughput.per_study(["naive", "smem"], [(3.6, 6.0), (0.9, 3.2)], spans, 0.0, Cpu(),
+                                workers=14)
     assert [r["family"] for r in rows] == ["naive", "smem"]
     assert Cpu.windows == [(0.0, 3.2), (3.2, 6.0)]  # from the last loop's end, set-up included
     assert [r["answers"] for r in rows] == [2, 1]
     assert [r["set_up_s"] for r in rows] == pytest.approx([0.9, 0.4])
     assert rows[0]["child_busy_share"] == pytest.approx(1.5 / 3.2)
     assert rows[1]["child_busy_share"] == pytest.approx(1.0 / 2.8)
+    # the child's idle time in each: before its first answer, between answers, after its last
+    assert [r["idle_head_s"] for r in rows] == pytest.approx([1.0, 0.8])
+    assert [r["idle_mid_s"] for r in rows] == pytest.approx([0.5, 0.0])
+    assert [r["idle_tail_s"] for r in rows] == pytest.approx([0.2, 1.0])
+    assert [r["workers_busy"] for r in rows] == [14.0, 3.0]
+    assert [r["workers_busy_ahead"] for r in rows] == [2.0, 0.0]
 
 
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):

@@ -373,6 +373,12 @@ class CompilePool:
         """Workers with no compile queued for them (each job in ``_building`` holds one)."""
         return max(0, self.workers - len(self._building))
 
+    def building(self) -> tuple[int, int]:
+        """Compiles queued or running now, and how many of them ``begin`` started that no
+        submit has asked for yet (bench/throughput.py samples both)."""
+        keys = list(self._building)  # (read from a sampling thread: copy before iterating)
+        return len(keys), sum(key in self._ahead for key in keys)
+
     def begin(self, family: Any, config: dict[str, int]) -> bool:
         """Start the config's compile for the cache where its CUBIN is neither cached nor
         being built; whether one was started. Nothing waits for it: a later ``submit`` of it
