@@ -63,7 +63,7 @@ from typing import Any, Callable
 
 from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, default_workers
-from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, Phases
+from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, STARTUP_WAIT, Phases
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_EVERY_S = 0.1
@@ -205,7 +205,8 @@ class CpuSampler:
 
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
-              cpu: CpuSampler, workers: int | None = None) -> list[dict[str, Any]]:
+              cpu: CpuSampler, workers: int | None = None,
+              waits: list[tuple[float, float]] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
@@ -215,7 +216,9 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     answer began (the set-up, the first asks and compiles), ``idle_tail_s`` after its last
     answer (the loop's end: the last compiles waited for, then stores), ``idle_mid_s`` the gaps
     between; and the compile workers busy on average (``workers_busy``, of ``workers``; of
-    them ``workers_busy_ahead`` on compiles begun ahead of an ask, ``compile_ahead``)."""
+    them ``workers_busy_ahead`` on compiles begun ahead of an ask, ``compile_ahead``); and
+    ``startup_wait_s``, the main thread's wait in it for a start-up prepared ahead (``waits``:
+    phase ``startup_wait``'s spans; the next study's, built while this one drains)."""
     rows = []
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):
@@ -232,6 +235,8 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
                      "host_cpu_share": cpu.mean(start, end),
                      "idle_head_s": max(0.0, head), "idle_mid_s": mid,
                      "idle_tail_s": max(0.0, tail),
+                     "startup_wait_s": sum(max(0.0, min(end, b) - max(start, a))
+                                           for a, b in waits),
                      "workers_busy": None if compiling is None else compiling[0],
                      "workers_busy_ahead": None if compiling is None else compiling[1]})
         start = end
@@ -370,6 +375,9 @@ def print_report(result: dict[str, Any]) -> None:
     for name, r in result["background_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}"
               f"{1e3 * r['per_trial_s']:>14.1f}  (beside the main thread)")
+    waited = result["raw"]["seconds"].get(STARTUP_WAIT, 0.0)
+    print(f"(of the rows above, {waited:.2f} s the main thread waited for start-ups prepared "
+          "ahead)")
     print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
     for name, r in result["child_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
@@ -401,7 +409,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"host CPU busy (all cores, /proc/stat) over tuning wall: {result['host_cpu_share']:.1%}")
     if result.get("studies"):
         print(f"\n{'study':<14}{'wall s':>8}{'set-up s':>10}{'answers':>9}{'GPU child':>11}"
-              f"{'host CPU':>10}{'compiles':>10}{'idle head/mid/tail s':>22}{'workers (ahead)':>16}")
+              f"{'host CPU':>10}{'compiles':>10}{'idle head/mid/tail s':>22}{'workers (ahead)':>16}"
+              f"{'start-up wait s':>16}")
         for row in result["studies"]:
             cpu, busy = row["host_cpu_share"], row.get("workers_busy")
             ahead = row.get("workers_busy_ahead")
@@ -410,7 +419,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(f"{row['family']:<14}{row['wall_s']:>8.1f}{row['set_up_s']:>10.2f}{row['answers']:>9}"
                   f"{row['child_busy_share']:>11.1%}" + (f"{cpu:>10.1%}" if cpu is not None else f"{'-':>10}")
                   + f"{result.get('compiles', {}).get(row['family'], '-'):>10}{idle:>22}"
-                  + (f"{busy:>9.1f} ({ahead:.1f})" if busy is not None else f"{'-':>16}"))
+                  + (f"{busy:>9.1f} ({ahead:.1f})" if busy is not None else f"{'-':>16}")
+                  + f"{row.get('startup_wait_s', 0.0):>16.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),
         "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu,
-                             workers),
+                             workers, phases.spans.get(STARTUP_WAIT, [])),
         **({"compiles": {f: len(c) for f, c in compiled.items()}, "compiled": compiled}
            if compiled is not None else {}),
         "best_gflops": best,

@@ -129,7 +129,7 @@ def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
 
     spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0)]
     rows = throughput.per_study(["naive", "smem"], [(3.6, 6.0), (0.9, 3.2)], spans, 0.0, Cpu(),
-                                workers=14)
+                                workers=14, waits=[(3.0, 3.5)])
     assert [r["family"] for r in rows] == ["naive", "smem"]
     assert Cpu.windows == [(0.0, 3.2), (3.2, 6.0)]  # from the last loop's end, set-up included
     assert [r["answers"] for r in rows] == [2, 1]
@@ -142,6 +142,8 @@ def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
     assert [r["idle_tail_s"] for r in rows] == pytest.approx([0.2, 1.0])
     assert [r["workers_busy"] for r in rows] == [14.0, 3.0]
     assert [r["workers_busy_ahead"] for r in rows] == [2.0, 0.0]
+    # a start-up's wait is charged to the study whose span holds it
+    assert [r["startup_wait_s"] for r in rows] == pytest.approx([0.2, 0.3])
 
 
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):

@@ -34,8 +34,13 @@ STORE_BG = "store_bg"
 # wall time. The main thread's wait for it, where it is not ready, stays in the study start.
 STARTUP_BG = "startup_bg"
 BACKGROUND_PHASES = (STORE_BG, STARTUP_BG)
-# Phases whose (start, end) are kept too: a GPU-busy share leaves the one-time setup out.
-SPANNED = (SETUP,)
+# The main thread's wait for a start-up prepared ahead that was not ready when its study was
+# built: already inside ``other`` (a study built while the one before drains) or the study
+# start, so reported beside the rows, not as one.
+STARTUP_WAIT = "startup_wait"
+# Phases whose (start, end) are kept too: a GPU-busy share leaves the one-time setup out; a
+# start-up's wait is charged to the study whose span holds it.
+SPANNED = (SETUP, STARTUP_WAIT)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import kernels
 from kernels.compiler import cubin_key
 
 from tuner.lifetime import kill_pool
-from tuner.measure.phases import STARTUP_BG
+from tuner.measure.phases import STARTUP_BG, STARTUP_WAIT
 from tuner.problem import Problem
 from tuner.search.costmodel import Example
 from tuner.search import preparer
@@ -190,7 +190,8 @@ class StartupPrefetch:
             return None
         self._top_up()  # the one after the last submitted, queued behind the ones ahead
         try:
-            startup = job.result()
+            with self.session.phases.timed(STARTUP_WAIT):
+                startup = job.result()
         except Exception as error:
             log.warning("preparing the start-up of %s ahead failed: %s", family.name, error)
             if isinstance(error, BrokenProcessPool):  # its process died (killed?): stop here
