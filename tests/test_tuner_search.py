@@ -163,6 +163,43 @@ def test_the_window_holds_batch_compiles_and_at_most_twice_as_many_candidates(
     assert max(p for _, p in evaluator.outstanding) <= 4
 
 
+class _CompilesOutOfOrder(StandInEvaluator):
+    """An asynchronous evaluator whose compiles finish only when waited for, the third
+    prepared of those waited on first: a slow compile at the window's head."""
+
+    queue_depth = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done: set = set()
+        self.waits = 0
+
+    def ready(self, family, config) -> bool:
+        return config_key(config) in self.done
+
+    def wait_any(self, family, configs) -> None:
+        self.waits += 1
+        configs = list(configs)
+        self.done.add(config_key(configs[min(2, len(configs) - 1)]))
+
+    def submit(self, family, config, problem):
+        self.done.add(config_key(config))  # (submitted unready: the evaluator waits for it)
+        return (family, config, problem)
+
+    def collect(self, ticket):
+        return self.evaluate(*ticket)
+
+
+def test_with_nothing_compiled_the_study_takes_the_first_compile_to_finish_not_the_head(store):
+    evaluator = _CompilesOutOfOrder()
+    run_study(session_for(store, evaluator, sampler="random", seed=5, batch=4),
+              kernels.FAMILIES["blocktile2d"], P1024,
+              Budget(trials=6, timeout_s=None, patience=None))
+    prepared = [config for _, config in evaluator.prepared]
+    assert evaluator.waits >= 1
+    assert evaluator.calls[0][1] == prepared[2]  # the head (prepared[0]) waited for no one
+
+
 def test_rejected_configs_never_reach_the_evaluator_and_are_recorded_with_reasons(store):
     database, _ = store
     evaluator = StandInEvaluator()  # raises AssertionError on a config the family rejects

@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -558,6 +558,15 @@ class LiveEvaluator:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
         future = self._compiles.get(self._key(family, config))
         return future is not None and future.done()
+
+    def wait_any(self, family: Any, configs: Iterable[dict[str, int]]) -> None:
+        """Block until the compile of one of the prepared ``configs`` is done (at once where
+        one is, or none of them is prepared)."""
+        futures = [future for config in configs
+                   if (future := self._compiles.get(self._key(family, config))) is not None]
+        if futures:
+            with self.phases.timed(COMPILE_WAIT):
+                wait(futures, return_when=FIRST_COMPLETED)
 
     def evaluate(self, family: Any, config: dict[str, int], problem: Problem) -> Measurement:
         return self.collect(self.submit(family, config, problem))

@@ -795,12 +795,12 @@ class StudyRun:
     def _submit_ready(self, wait: bool = True) -> None:
         """Hand window candidates to the evaluator while its queue has room: it measures the
         next one while this thread records, tells and asks (issue 19). ``wait=False``: only
-        those compiled already."""
+        those compiled already; else one compile is waited for while the child has none."""
         for item in [item for item in self.pending if item.alias and item.key in self.known]:
             self.pending.remove(item)  # the same config as an earlier one, measured by now
             self._tell_duplicate(item.trial, self.known[item.key])
         while (len(self.submitted) < self.depth
-               and (item := self._next_compiled(wait)) is not None):
+               and (item := self._next_compiled(wait and not self.submitted)) is not None):
             self.pending.remove(item)
             started_at = datetime.now(timezone.utc)
             ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
@@ -809,20 +809,35 @@ class StudyRun:
     def _next_compiled(self, wait: bool = True) -> _Pending | None:
         """The first window candidate whose compile is done, so a slow compile at the head does
         not hold back those behind it (compile times of one family differ tenfold); else
-        (``wait``) the head, to wait for. Aliases wait for their earlier candidate's result."""
-        ready = getattr(self.session.evaluator, "ready", None)
+        (``wait``) the first whose compile finishes (the head, where the evaluator cannot say
+        which). Aliases wait for their earlier candidate's result."""
+        evaluator = self.session.evaluator
+        ready = getattr(evaluator, "ready", None)
         candidates = [item for item in self.pending if not item.alias]
         if ready is not None:
             for item in candidates:
                 if ready(self.family, item.config):
                     return item
+            wait_any = getattr(evaluator, "wait_any", None)
+            if wait and candidates and wait_any is not None:
+                wait_any(self.family, [item.config for item in candidates])
+                for item in candidates:
+                    if ready(self.family, item.config):
+                        return item
         return candidates[0] if candidates and wait else None
 
     def _measure_next(self, submit_more: bool = True) -> Measurement | None:
-        """Record the oldest submitted candidate's measurement (waiting for it)."""
+        """Record the oldest submitted candidate's measurement (waiting for it). A compile is
+        waited for only when the GPU child has nothing left: blocked on one while the child
+        still measured, the window could not be refilled as other compiles finished (H100,
+        fresh 4096³: warptile's study kept 8 of 14 workers busy with the GPU idle 7 s in it,
+        the window counting compiles; bench/NOTES.md, session 25)."""
         if submit_more:
-            self._submit_ready()
+            self._submit_ready(wait=not self.submitted)
             self._compile_ahead()
+            if (self.submitted and not self.pending
+                    and self._budget_taken(len(self._others_holding())) >= self.budget.trials):
+                self._draining()  # the trial budget is all asked for and handed to the child
         if not self.submitted:
             return None
         done = self.submitted.popleft()
@@ -915,9 +930,6 @@ class StudyRun:
     def _search(self, deadline: float | None, bar: tqdm) -> str:
         while (reason := self._stop_reason(deadline)) is None:
             self._fill_window()
-            if (self.submitted and not self.pending
-                    and self._budget_taken(len(self._others_holding())) >= self.budget.trials):
-                self._draining()  # the trial budget is all asked for: nothing more to ask
             if self.pending or self.submitted:
                 self._measure_next()
             elif self._others_holding() and heartbeats_on(self.session.storage):
