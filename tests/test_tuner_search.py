@@ -127,42 +127,6 @@ def test_running_again_resumes_the_study_without_measuring_a_config_twice(store)
     assert len(evaluator.calls) == 14 and third.best_config == second.best_config
 
 
-class _Windowed(StandInEvaluator):
-    """Records, at each prepare, the candidates prepared and not yet evaluated, and the
-    distinct programs among them; ``share`` says what a config compiles to (None: its own)."""
-
-    def __init__(self, share=None) -> None:
-        super().__init__()
-        self.share = share
-        self.outstanding: list[tuple[int, int]] = []  # (candidates, programs), at each prepare
-
-    def program(self, family, config):
-        return None if self.share is None else self.share(config)
-
-    def prepare(self, family, config) -> None:
-        super().prepare(family, config)
-        waiting = [c for _, c in self.prepared]
-        for _, done, _ in self.calls:
-            waiting.remove(done)
-        programs = {self.program(family, c) for c in waiting}
-        self.outstanding.append((len(waiting), len(programs) if self.share else len(waiting)))
-
-
-@pytest.mark.parametrize("share, candidates", [(None, 4), (lambda c: c["BM"], 8),
-                                               (lambda c: config_key(c), 4)])
-def test_the_window_holds_batch_compiles_and_at_most_twice_as_many_candidates(
-        store, share, candidates):
-    """Candidates that share a compile count once (RASTER variants share a CUBIN): the window
-    keeps ``batch`` compiles going, up to 2 × ``batch`` candidates."""
-    evaluator = _Windowed(share)
-    outcome = run_study(session_for(store, evaluator, sampler="random", seed=5, batch=4),
-                        kernels.FAMILIES["blocktile2d"], P1024,
-                        Budget(trials=24, timeout_s=None, patience=None))
-    assert outcome.measured_now == 24
-    assert max(n for n, _ in evaluator.outstanding) == candidates
-    assert max(p for _, p in evaluator.outstanding) <= 4
-
-
 class _CompilesOutOfOrder(StandInEvaluator):
     """An asynchronous evaluator whose compiles finish only when waited for, the third
     prepared of those waited on first: a slow compile at the window's head."""

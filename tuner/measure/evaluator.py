@@ -95,14 +95,6 @@ class Evaluator(Protocol):
 # the same shape: depth 1, measured at collect, exactly as a plain ``evaluate`` call.
 
 
-def program_of(evaluator: Any, family: Any, config: dict[str, int]) -> Any:
-    """What the evaluator compiles for ``config`` (``program(family, config)``, where it
-    offers one: configs that differ only in launch-time parameters share one compile), else
-    None: nothing compiled is shared (a replay)."""
-    program = getattr(evaluator, "program", None)
-    return None if program is None else program(family, config)
-
-
 def queue_depth(evaluator: Any) -> int:
     return max(1, int(getattr(evaluator, "queue_depth", 1)))
 

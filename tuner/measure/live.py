@@ -360,10 +360,6 @@ class CompilePool:
             job.add_done_callback(lambda _: self._building.pop(key, None))  # cached from now on
         return job
 
-    def program(self, family: Any, config: Mapping[str, int]) -> str:
-        """The config's CUBIN (``cubin_key``; ConfigError where the family rejects it)."""
-        return self._cubin_key(family, config)
-
     def _cubin_key(self, family: Any, config: Mapping[str, int]) -> str:
         """``cubin_key`` (the program's text rendered and hashed, on the main thread) once per
         config: a config ``begin`` started is submitted again when it is asked for."""
@@ -522,14 +518,6 @@ class LiveEvaluator:
         if key not in self._compiles:
             with self.phases.timed(PREPARE):
                 self._compiles[key] = self.pool.submit(family, config)
-
-    def program(self, family: Any, config: dict[str, int]) -> str | None:
-        """The CUBIN the config compiles to (``cubin_key``: RASTER and SPLITK variants share
-        one), None where the family rejects it."""
-        try:
-            return self.pool.program(family, config)
-        except kernels.ConfigError:
-            return None
 
     def discard(self, family: Any, config: dict[str, int]) -> None:
         """The study let a prepared candidate go: its compile is cancelled where it has not

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, asynchronous,
-                                     collect, program_of, queue_depth, submit)
+                                     collect, queue_depth, submit)
 from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.measure.resources import Resources
 from tuner.problem import ConfigKey, Problem, config_key
@@ -50,10 +50,6 @@ MIN_GAIN = 0.005
 # Asks in a row that bring nothing new to measure (rejected or already measured) before the
 # study is called exhausted: the sampler keeps circling a space it has covered.
 MAX_FRUITLESS_ASKS = 200
-# Candidates in flight per compile the window holds, at most (``StudyRun._room``): warptile's
-# asks share a CUBIN about two to one (RASTER), and beyond twice the window the search would
-# ask far ahead of its results.
-WINDOW_SHARING = 2
 # Spaces up to this size are enumerated once: the study then knows exactly when every accepted
 # config has been measured, when the sampler circles it is handed an unmeasured config, and the
 # default sampler runs the learned model on them (the set-up bench/search_efficiency.py
@@ -160,7 +156,6 @@ class _Pending:
     claim: int | None = None  # its RUNNING trial id in the storage (claims on)
     retry: bool = False  # a dead worker's candidate, taken from the storage's WAITING queue
     dropped: bool = False  # its compile let go (the run stopped before it was handed over)
-    program: Any = None  # what the evaluator compiles for it (None: its own, shared with none)
 
 
 @dataclass
@@ -603,29 +598,15 @@ class StudyRun:
     def _in_flight(self) -> int:
         return sum(not item.alias for item in self._held())
 
-    def _programs_in_flight(self) -> int:
-        """Distinct compiles the candidates in flight need (those sharing a CUBIN count once)."""
-        held = [item for item in self._held() if not item.alias]
-        return (len({item.program for item in held if item.program is not None})
-                + sum(item.program is None for item in held))
-
     def _room(self, taking: int = 0) -> bool:
         """Whether one more candidate fits the window and the budget (counting what other
         workers of the study hold, so that together they measure exactly the budget).
         ``taking``: 1 when the candidate is one of those (a queued retry moving from theirs to
         ours), which must not count twice: else a retry of the budget's last config would wait
-        for itself until the timeout.
-
-        The window holds ``batch`` compiles (a worker each, besides the GPU child's queue), not
-        ``batch`` candidates: candidates that share a CUBIN (RASTER, SPLITK variants) share its
-        compile, and counting each left workers idle while the GPU waited (H100, fresh 2048³
-        and 4096³: 8 of 14 workers busy on average in warptile's study, 2.4 and 4.5 s of idle
-        GPU inside it; bench/NOTES.md, session 25). At most ``WINDOW_SHARING`` × ``batch``
-        candidates, so that the search does not run far ahead of its results."""
-        batch = self.session.batch
-        return (self._programs_in_flight() < batch
-                and self._in_flight() < WINDOW_SHARING * batch
-                and self._asks_left(taking) > 0)
+        for itself until the timeout. (A window of ``batch`` compiles, candidates that share a
+        CUBIN counted once, kept more workers busy but asked up to twice as far ahead of the
+        results, and the studies that stop on patience found less: bench/NOTES.md, session 25.)"""
+        return self._in_flight() < self.session.batch and self._asks_left(taking) > 0
 
     def _asks_left(self, taking: int = 0) -> int:
         """Candidates this run may still ask for: what the trial budget leaves (``_room``'s
@@ -682,8 +663,6 @@ class StudyRun:
                      waiting.number, config_text(config))
             self.session.evaluator.prepare(self.family, config)
             self.pending.append(_Pending(trial, config, key, claim=waiting._trial_id,
-                                         program=program_of(self.session.evaluator,
-                                                            self.family, config),
                                          retry=True))
 
     def _ask(self) -> bool:
@@ -720,9 +699,7 @@ class StudyRun:
                 self.study.tell(trial, state=TrialState.FAIL)
                 return False
         self.session.evaluator.prepare(self.family, config)
-        self.pending.append(_Pending(trial, config, key, claim=claim,
-                                     program=program_of(self.session.evaluator, self.family,
-                                                        config)))
+        self.pending.append(_Pending(trial, config, key, claim=claim))
         return True
 
     def _fill_window(self) -> None:
@@ -830,8 +807,8 @@ class StudyRun:
         """Record the oldest submitted candidate's measurement (waiting for it). A compile is
         waited for only when the GPU child has nothing left: blocked on one while the child
         still measured, the window could not be refilled as other compiles finished (H100,
-        fresh 4096³: warptile's study kept 8 of 14 workers busy with the GPU idle 7 s in it,
-        the window counting compiles; bench/NOTES.md, session 25)."""
+        fresh 4096³: warptile's study kept 8 of 14 workers busy with the GPU idle 6-10 s in
+        it; bench/NOTES.md, session 25)."""
         if submit_more:
             self._submit_ready(wait=not self.submitted)
             self._compile_ahead()
