@@ -27,7 +27,9 @@ with the same ``--timeout``, and prints:
   (its start-up taken or computed), the GPU child's answers and busy share, the host's CPU
   busy share (all cores, /proc/stat every 100 ms: whether the cores or something else kept the
   child waiting), and with a fresh cache the configs compiled per family (``compiled`` in the
-  JSON lists them).
+  JSON lists them); the child's idle time in it before its first answer, between answers and
+  after its last (head / mid / tail); the compile workers busy on average (of them, on
+  compiles begun ahead of an ask); and the main thread's wait for a start-up prepared ahead.
 
 The one-time start (the command's: the GPU child's and the compile processes' start, with the
 search's imports beside it, ``tuner.run.tune.start_command``; and per shape the inputs, float64
