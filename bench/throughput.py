@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, default_workers
@@ -208,7 +208,7 @@ class CpuSampler:
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
               cpu: CpuSampler, workers: int | None = None,
-              waits: list[tuple[float, float]] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+              waits: Sequence[tuple[float, float]] = ()) -> list[dict[str, Any]]:
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
@@ -469,8 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
-        pool = evaluator.pool
-        cpu.compiling = pool.building
+        cpu.compiling = evaluator.pool.building
         tuning_from = time.monotonic()
         with evaluator:
             try:

@@ -21,6 +21,7 @@ trees over program features.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -87,24 +88,20 @@ class Example:
         return (self.gpu, self.family, self.problem.shape)
 
 
-def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target,
-             by_geometry: dict[Geometry, list[float]] | None = None) -> list[float]:
-    """The feature vector of one config (order: ``FEATURES``). ``by_geometry``: the launch
-    geometry's part of earlier configs of the same problem and target, reused (``matrix``)."""
+def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target
+             ) -> list[float]:
+    """The feature vector of one config (order: ``FEATURES``)."""
     geom = geometry(family, config, problem.m, problem.n, problem.k)
-    values = None if by_geometry is None else by_geometry.get(geom)
-    if values is None:
-        values = _geometry_values(geom, problem, target)
-        if by_geometry is not None:
-            by_geometry[geom] = values
     family_index = (float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES
                     else math.nan)
-    return [*values, family_index,
+    return [*_geometry_values(geom, problem, target), family_index,
             *(math.log2(config[p]) if p in config and config[p] > 0
               else (0.0 if p in config else math.nan) for p in PARAMS)]
 
 
-def _geometry_values(geom: Geometry, problem: Problem, target: Target) -> list[float]:
+# configs of a family share few launch geometries (split-K's 214,440: matrix 4.85 → 3.47 s)
+@lru_cache(maxsize=65536)
+def _geometry_values(geom: Geometry, problem: Problem, target: Target) -> tuple[float, ...]:
     """``GEOMETRY_FEATURES``: what follows from a launch geometry on one problem and GPU."""
     m, n, k = problem.m, problem.n, problem.k
     usage = estimated_usage(geom)
@@ -123,7 +120,7 @@ def _geometry_values(geom: Geometry, problem: Problem, target: Target) -> list[f
     reuse = bm * bn / (bm + bn)
     depth = geom.shared_bytes / (4.0 * (bm + bn))
     padded = math.ceil(m / bm) * bm * math.ceil(n / bn) * bn
-    return [
+    return (
         math.log2(m), math.log2(n), math.log2(k), math.log2(bm), math.log2(bn),
         math.log2(geom.threads), math.log2(max(geom.splits, 1)), geom.shared_bytes / 1024,
         q, usage.registers, per_block, warps, rounds, 1 - geom.blocks / slots,
@@ -135,7 +132,7 @@ def _geometry_values(geom: Geometry, problem: Problem, target: Target) -> list[f
         math.log2(max(geom.blocks, 1) / target.sm_count),
         rate(geom, usage, target, k),
         geom.blocks / (max(per_block, 1) * target.sm_count),
-    ]
+    )
 
 
 def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
@@ -143,9 +140,7 @@ def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
     """Feature rows of configs of one problem. The prior's rate is only an order within a
     problem: it is divided by its largest value among ``configs`` (pass every accepted config,
     or every measured one of a full recording, so that the two mean the same)."""
-    by_geometry: dict[Geometry, list[float]] = {}  # configs of a family share few geometries
-    x = np.array([features(family, c, problem, target, by_geometry) for c in configs],
-                 dtype=np.float64)
+    x = np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
     if len(x):
         column = x[:, PRIOR_RATE]
         top = column.max()
