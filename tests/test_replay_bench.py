@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import kernels
 
 from tuner.measure.record import record_with_evaluator
@@ -53,6 +55,31 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     assert {r["sampler"]: r["max_evals"] for r in combined["summary"]}["tpe"] == 3
     assert len(combined["target"]) == 1
     assert "'>N': not reached within N" in capsys.readouterr().out
+
+    # Kernel Tuner's best rows from earlier outputs join the target check (--kernel-tuner-from):
+    # per pair the lowest median; "not reached" (null) counts as infinite
+    pair = {k: document["target"][0][k] for k in ("recording", "family", "shape")}
+    default_median = document["target"][0]["default_median"]
+    for median, kt_met in ((default_median * 2, True), (default_median * 2 - 1, False)):
+        earlier = tmp_path / f"kt-{median}.json"
+        earlier.write_text(json.dumps({"kernel_tuner_best": [
+            {**pair, "strategy": "kt:other", "median": None, "p90": None, "runs": 2,
+             "max_evals": space},
+            {**pair, "strategy": "kt:pso", "median": median, "p90": median, "runs": 2,
+             "max_evals": space}]}))
+        checked = tmp_path / f"checked-{median}.json"
+        assert bench.main(["--merge", str(out), "--kernel-tuner-from", str(earlier),
+                           "--out", str(checked)]) == 0
+        target = json.loads(checked.read_text())["target"][0]
+        assert (target["kt_strategy"], target["kt_met"]) == ("kt:pso", kt_met)
+        assert target["all_met"] == (kt_met and target["met"] and target["p90_met"])
+        assert f"default: {int(target['all_met'])} of 1 pairs meet every target checked" in (
+            capsys.readouterr().out)
+    with pytest.raises(SystemExit):  # not an output of this script: a clear error, no table
+        bench.main(["--merge", str(out), "--kernel-tuner-from", str(path), "--out",
+                    str(tmp_path / "never.json")])
+    assert "--kernel-tuner-from" in capsys.readouterr().err
+    assert not (tmp_path / "never.json").exists()
 
     # --family keeps only the named families' pairs: none of the fixture's here
     other = tmp_path / "none.json"
