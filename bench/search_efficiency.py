@@ -812,7 +812,8 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
                                 or k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
             "seconds": sum(d["seconds"] for d in documents),
-            "merged_from": [Path(p).name for p in paths]}
+            "merged_from": [Path(p).name for p in paths],
+            "kernel_tuner_from": sorted({r["from"] for r in earlier_kt or []})}
     report(results, meta, out, earlier_kt)
 
 

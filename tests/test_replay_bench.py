@@ -70,7 +70,9 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
         checked = tmp_path / f"checked-{median}.json"
         assert bench.main(["--merge", str(out), "--kernel-tuner-from", str(earlier),
                            "--out", str(checked)]) == 0
-        target = json.loads(checked.read_text())["target"][0]
+        written = json.loads(checked.read_text())
+        assert written["kernel_tuner_from"] == [earlier.name]
+        target = written["target"][0]
         assert (target["kt_strategy"], target["kt_met"]) == ("kt:pso", kt_met)
         assert target["all_met"] == (kt_met and target["met"] and target["p90_met"])
         assert f"default: {int(target['all_met'])} of 1 pairs meet every target checked" in (
