@@ -613,17 +613,24 @@ def best_kernel_tuner(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per pair, the Kernel Tuner strategy with the lowest median to 3% (ties: lower p90).
     A strategy that took one order for every seed (brute_force's fixed walk) is left out: its
     figure says where the optimum sits in that walk, not how well it searches."""
-    best: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for row in rows:
-        if not row["sampler"].startswith(KT) or (row["runs"] > 1 and row["distinct_orders"] == 1):
-            continue
+    return lowest_per_pair([
+        {"recording": row["recording"], "family": row["family"], "shape": row["shape"],
+         "strategy": row["sampler"], "median": row["3%"]["median"], "p90": row["3%"]["p90"],
+         "runs": row["runs"], "max_evals": row["max_evals"]}
+        for row in rows if row["sampler"].startswith(KT)
+        and not (row["runs"] > 1 and row["distinct_orders"] == 1)])
+
+
+def lowest_per_pair(best: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per pair, the Kernel Tuner row with the lowest median to 3% (ties: lower p90, then the
+    first), e.g. this run's best rows followed by earlier outputs' (``--kernel-tuner-from``)."""
+    lowest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for row in best:
         pair = (row["recording"], row["family"], row["shape"])
-        rank = (row["3%"]["median"], row["3%"]["p90"])
-        if pair not in best or rank < (best[pair]["median"], best[pair]["p90"]):
-            best[pair] = {"recording": pair[0], "family": pair[1], "shape": pair[2],
-                          "strategy": row["sampler"], "median": rank[0], "p90": rank[1],
-                          "runs": row["runs"], "max_evals": row["max_evals"]}
-    return list(best.values())
+        if pair not in lowest or ((row["median"], row["p90"])
+                                  < (lowest[pair]["median"], lowest[pair]["p90"])):
+            lowest[pair] = row
+    return list(lowest.values())
 
 
 def _cell(value: float, cap: int) -> str:
@@ -658,19 +665,6 @@ def target_check(rows: list[dict[str, Any]], kernel_tuner: list[dict[str, Any]] 
         checks[-1]["all_met"] = all(checks[-1][k] for k in ("met", "p90_met", "kt_met")
                                     if k in checks[-1])
     return checks
-
-
-def with_earlier(best: list[dict[str, Any]], earlier: list[dict[str, Any]]
-                 ) -> list[dict[str, Any]]:
-    """This run's best Kernel Tuner rows and earlier outputs' (``--kernel-tuner-from``): per
-    pair, the lowest median to 3% (ties: lower p90; this run's first)."""
-    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for row in [*best, *earlier]:
-        pair = (row["recording"], row["family"], row["shape"])
-        if pair not in merged or ((row["median"], row["p90"])
-                                  < (merged[pair]["median"], merged[pair]["p90"])):
-            merged[pair] = row
-    return list(merged.values())
 
 
 def earlier_kernel_tuner(paths: list[str]) -> list[dict[str, Any]]:
@@ -722,7 +716,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
     """Print the table and the target check, and write them with every run as JSON.
     ``earlier_kt``: best Kernel Tuner rows of earlier outputs, for the target check."""
     rows = summarize(results)
-    best_kt = with_earlier(best_kernel_tuner(rows), earlier_kt or [])
+    best_kt = lowest_per_pair([*best_kernel_tuner(rows), *(earlier_kt or [])])
     checks = target_check(rows, best_kt)
     cross_checks = cross_model_check(rows)
     # the recording names the GPU model: H100 and H200 rows of one shape differ only there

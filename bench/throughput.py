@@ -149,12 +149,12 @@ class CpuSampler:
     time, busy share of all cores since the previous sample). Says whether a study waits for
     the GPU child because the cores are full (compiles) or for some other reason."""
 
-    def __init__(self, compiling: Callable[[], tuple[int, int]] | None = None) -> None:
+    def __init__(self) -> None:
         self.samples: list[tuple[float, float]] = []
-        # beside each sample: the compile pool's compiles queued or running, and of those the
-        # ones begun ahead of an ask (``compiling``): whether a study that kept the GPU child
-        # waiting had its workers full, and with what
-        self.compiling = compiling
+        # beside each sample, once set (the compile pool starts after the sampler): the pool's
+        # compiles queued or running, and of those the ones begun ahead of an ask; whether a
+        # study that kept the GPU child waiting had its workers full, and with what
+        self.compiling: Callable[[], tuple[int, int]] | None = None
         self.compiles: list[tuple[float, int, int]] = []
         self.available = Path("/proc/stat").exists()
         self._stop = threading.Event()
@@ -205,6 +205,11 @@ class CpuSampler:
                 statistics.fmean(ahead for _, ahead in inside))
 
 
+def _overlap(spans: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``spans`` inside [start, end]."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+
+
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
               cpu: CpuSampler, workers: int | None = None,
@@ -224,7 +229,7 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     rows = []
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):
-        busy = sum(max(0.0, min(end, b) - max(start, a)) for a, b in child_spans)
+        busy = _overlap(child_spans, start, end)
         mine = sorted((a, b) for a, b in child_spans if start <= b <= end)
         wall = end - start
         head = (mine[0][0] - start) if mine else wall
@@ -237,8 +242,7 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
                      "host_cpu_share": cpu.mean(start, end),
                      "idle_head_s": max(0.0, head), "idle_mid_s": mid,
                      "idle_tail_s": max(0.0, tail),
-                     "startup_wait_s": sum(max(0.0, min(end, b) - max(start, a))
-                                           for a, b in waits),
+                     "startup_wait_s": _overlap(waits, start, end),
                      "workers_busy": None if compiling is None else compiling[0],
                      "workers_busy_ahead": None if compiling is None else compiling[1]})
         start = end
