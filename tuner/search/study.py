@@ -792,15 +792,17 @@ class StudyRun:
         ready = getattr(evaluator, "ready", None)
         candidates = [item for item in self.pending if not item.alias]
         if ready is not None:
-            for item in candidates:
-                if ready(self.family, item.config):
-                    return item
+            def first_ready() -> _Pending | None:
+                return next((item for item in candidates if ready(self.family, item.config)),
+                            None)
+
+            item = first_ready()
             wait_any = getattr(evaluator, "wait_any", None)
-            if wait and candidates and wait_any is not None:
+            if item is None and wait and candidates and wait_any is not None:
                 wait_any(self.family, [item.config for item in candidates])
-                for item in candidates:
-                    if ready(self.family, item.config):
-                        return item
+                item = first_ready()
+            if item is not None:
+                return item
         return candidates[0] if candidates and wait else None
 
     def _measure_next(self, submit_more: bool = True) -> Measurement | None:
@@ -810,7 +812,7 @@ class StudyRun:
         fresh 4096³: warptile's study kept 8 of 14 workers busy with the GPU idle 6-10 s in
         it; bench/NOTES.md, session 25)."""
         if submit_more:
-            self._submit_ready(wait=not self.submitted)
+            self._submit_ready()  # waits for a compile only while the child has none
             self._compile_ahead()
             if (self.submitted and not self.pending
                     and self._budget_taken(len(self._others_holding())) >= self.budget.trials):
