@@ -38,8 +38,9 @@ recorded problem of the same GPU model except the one searched — all of its fa
 out (leave-one-out, ``training_for``). Each row says whether its sampler was fitted on the
 recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's rows
 (``prior``, the default until session 15) on the recordings its constants were chosen on
-(``DESIGN_RECORDINGS``), ``leave-one-out`` for the model's, ``-`` where nothing was fitted
-(random, Optuna's own).
+(``DESIGN_RECORDINGS``), and for the model's there too (one of its features is the prior's
+estimate), ``leave-one-out`` for the model's elsewhere, ``-`` where nothing was fitted (random,
+Optuna's own).
 
 Warm-started rows run the tuner's own ``warm_start_configs`` on a fresh database seeded with
 recorded optima (as finished runs): ``prior+warm`` and ``default+warm`` (``--warm-start``; the
@@ -275,9 +276,9 @@ def fit_kind(sampler: str, recording: str, warm_from: list[str] | None = None) -
     which GPU models' optima it started from, ``warm_from``)."""
     if sampler == XMODEL:
         return f"warm-started from {', '.join(warm_from or ['-'])}"
-    if sampler in ("default", "model", DEFAULT_WARM):
-        return "leave-one-out"
-    if sampler == "hybrid":  # its model's picks leave-one-out, its prior's as the prior set-up's
+    if sampler in ("default", "model", DEFAULT_WARM, "hybrid"):
+        # fitted leave-one-out, but one of the model's features is the static prior's estimate
+        # (costmodel's prior_rate), whose constants were chosen on DESIGN_RECORDINGS
         return "in-sample" if recording in DESIGN_RECORDINGS else "leave-one-out"
     if sampler in ("prior", WARM):
         return "in-sample" if recording in DESIGN_RECORDINGS else "not fitted on it"
