@@ -799,7 +799,7 @@ class StudyRun:
             item = first_ready()
             wait_any = getattr(evaluator, "wait_any", None)
             if item is None and wait and candidates and wait_any is not None:
-                wait_any(self.family, [item.config for item in candidates])
+                wait_any(self.family, [waiting.config for waiting in candidates])
                 item = first_ready()
             if item is not None:
                 return item
