@@ -569,14 +569,19 @@ def _order_digest(order: list[str]) -> str:
     return hashlib.sha1("|".join(order).encode()).hexdigest()[:12]
 
 
+def _unreached(value: float | None) -> float:
+    """A count where None (never reached; null in the JSON, ``_finite``) is +inf."""
+    return math.inf if value is None else value
+
+
 def _percentile(values: list[int | None], q: float) -> float:
     """Nearest-rank percentile with runs that never reached as +inf."""
-    ranked = sorted(math.inf if v is None else v for v in values)
+    ranked = sorted(_unreached(v) for v in values)
     return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
 
 
 def _median(values: list[int | None]) -> float:
-    finite = [math.inf if v is None else v for v in values]
+    finite = [_unreached(v) for v in values]
     return statistics.median(finite) if finite else math.inf
 
 
@@ -676,9 +681,7 @@ def earlier_kernel_tuner(paths: list[str]) -> list[dict[str, Any]]:
         document = json.loads(Path(path).read_text())
         if "kernel_tuner_best" not in document:
             raise ValueError(f"{path}: not an output of this script (no kernel_tuner_best)")
-        # (written with null for "not reached": infinite, as summarize counts it)
-        rows += [{**row, "median": math.inf if row["median"] is None else row["median"],
-                  "p90": math.inf if row["p90"] is None else row["p90"],
+        rows += [{**row, "median": _unreached(row["median"]), "p90": _unreached(row["p90"]),
                   "from": Path(path).name} for row in document["kernel_tuner_best"]]
     return rows
 
@@ -782,7 +785,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
                 "per pair, the kt: row with the lowest median to 3% (among this run's and, "
                 "marked 'from', those of the kernel_tuner_from outputs); target: all_met is "
                 "every target checked",
-        **meta, "summary": rows, "target": checks, "cross_model_target": cross_checks,
+        **meta, "kernel_tuner_from": sorted({r["from"] for r in earlier_kt or []}),
+        "summary": rows, "target": checks, "cross_model_target": cross_checks,
         "kernel_tuner_best": best_kt,
         "runs": results,
     }), indent=1, allow_nan=False))
@@ -807,8 +811,7 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
                                 or k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
             "seconds": sum(d["seconds"] for d in documents),
-            "merged_from": [Path(p).name for p in paths],
-            "kernel_tuner_from": sorted({r["from"] for r in earlier_kt or []})}
+            "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out, earlier_kt)
 
 
@@ -1005,8 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
                      "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
-                      "seconds": time.monotonic() - started,
-                      "kernel_tuner_from": [Path(p).name for p in args.kernel_tuner_from]},
+                      "seconds": time.monotonic() - started},
            Path(args.out), earlier_kt)
     return 0
 
