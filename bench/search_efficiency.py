@@ -82,7 +82,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -862,19 +862,23 @@ def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[s
     return chosen, skipped
 
 
-def plan(paths: list[str], samplers: list[str], args: argparse.Namespace
+def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
+         learn_from: Sequence[str] = ()
          ) -> tuple[list[Job], dict[tuple[str, str, str], int], list[str]]:
     """The runs, each pair's cap, and the pairs (or rows) skipped with why. A row's others are
     the recordings of the searched GPU model only (leave-one-out stays within the model: no
-    other model's measurements of the same problem reach a plain row); an XMODEL row's
-    other_models are the other models' recordings that hold its family."""
+    other model's measurements of the same problem reach a plain row), ``learn_from`` ones
+    included (recordings that are learned from and warm-started from, never searched); an
+    XMODEL row's other_models are the other models' recordings that hold its family."""
+    extra = {path: load(path) for path in learn_from if path not in paths}
     recordings = {path: load(path) for path in paths}
+    every = recordings | extra
     jobs: list[Job] = []
     caps: dict[tuple[str, str, str], int] = {}
     unusable: list[str] = []
     for path, recording in recordings.items():
         model = _gpu_model(recording)
-        same = tuple(p for p, r in recordings.items() if _gpu_model(r) == model)
+        same = tuple(p for p, r in every.items() if _gpu_model(r) == model)
         for family, problem in recording.pairs():
             if args.family and family not in args.family:
                 continue
@@ -886,7 +890,7 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace
             space = sum(1 for _ in recording.results(family, problem))
             cap = min(space, args.max_evals or space)
             caps[(Path(path).name, family, problem.shape)] = cap
-            other = tuple(p for p, r in recordings.items()
+            other = tuple(p for p, r in every.items()
                           if _gpu_model(r) != model and family in r.families)
             runs = samplers + ([WARM, DEFAULT_WARM] if args.warm_start else [])
             if args.cross_model and other:
@@ -908,6 +912,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
     parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS,
                         help="samplers to run (none: only the --warm-start and --cross-model rows)")
+    parser.add_argument("--learn-from", action="append", default=[], metavar="FILE",
+                        help="recording(s) the searches learn and warm-start from as from "
+                             "--recording's, without searching their pairs (e.g. evaluate a "
+                             "fresh recording with every bundled one to learn from: "
+                             "--recording NEW --learn-from tuner/recordings/*.json.gz, one "
+                             "flag per file)")
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
                         help="only these kernel families of the recordings (default: all)")
     parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
@@ -976,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped |= kt_skipped
     samplers += strategies
 
-    jobs, caps, unusable = plan(paths, samplers, args)
+    jobs, caps, unusable = plan(paths, samplers, args, args.learn_from)
     print(f"{len(jobs)} runs ({len(caps)} family/shape pairs, {args.seeds} seeds per row) on "
           f"{args.workers} processes", file=sys.stderr)
     started = time.monotonic()
@@ -1008,6 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
                      "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
                       "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
+                      "learned_from": [Path(p).name for p in args.learn_from],
                       "seconds": time.monotonic() - started},
            Path(args.out), earlier_kt)
     return 0
