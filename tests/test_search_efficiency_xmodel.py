@@ -180,3 +180,21 @@ def test_the_cross_model_target_is_half_the_cold_prior_set_ups_median():
     assert not bench.cross_model_check([row("prior", 8), row(bench.XMODEL, 5)])[0]["met"]
     assert not bench.cross_model_check([row("prior", 8), row(bench.XMODEL, float("inf"))])[0]["met"]
     assert bench.cross_model_check([row("prior", 8), row(bench.WARM, 1)]) == []
+
+
+def test_learn_from_recordings_are_learned_from_but_never_searched(paths):
+    """``--learn-from``: a recording of the searched GPU model joins every row's others (its
+    training and warm start), one of another model only the cross-model row's; neither gets a
+    row of its own."""
+    bench = search_efficiency()
+    h100, other = paths
+    learned = str(BUNDLED_RECORDINGS / "h100-tf32x3-2560.json.gz")  # another H100 tf32x3 shape
+    jobs, caps, _ = bench.plan([h100], ["default"], options(), learn_from=[learned, other])
+    assert {j.recording for j in jobs} == {h100} and list(caps) == [(H100_PATH.name, FAMILY,
+                                                                     PROBLEM.shape)]
+    job = next(j for j in jobs if j.sampler == "default")
+    assert set(job.others) == {h100, learned}
+    training = bench.training_for(job, load(H100_PATH).gpu["name"])
+    assert {e.problem.shape for e in training} == {"2560x2816x2304"}  # and nothing of its own
+    xmodel = next(j for j in jobs if j.sampler == bench.XMODEL)
+    assert xmodel.other_models == (other,)
