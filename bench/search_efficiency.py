@@ -912,12 +912,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
     parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS,
                         help="samplers to run (none: only the --warm-start and --cross-model rows)")
-    parser.add_argument("--learn-from", action="append", default=[], metavar="FILE",
-                        help="recording(s) the searches learn and warm-start from as from "
-                             "--recording's, without searching their pairs (e.g. evaluate a "
-                             "fresh recording with every bundled one to learn from: "
-                             "--recording NEW --learn-from tuner/recordings/*.json.gz, one "
-                             "flag per file)")
+    parser.add_argument("--learn-from", action="extend", nargs="+", default=[], metavar="FILE",
+                        help="recordings the searches learn and warm-start from as from "
+                             "--recording's, without searching their pairs (e.g. a fresh "
+                             "recording with every bundled one to learn from: --recording "
+                             "NEW.json.gz --learn-from tuner/recordings/*.json.gz)")
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
                         help="only these kernel families of the recordings (default: all)")
     parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
