@@ -810,6 +810,7 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
                                 if k in {r["sampler"] for r in d["runs"]}
                                 or k not in {r["sampler"] for r in results}},
             "recordings": sorted({r for d in documents for r in d["recordings"]}),
+            "learned_from": sorted({r for d in documents for r in d.get("learned_from", [])}),
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out, earlier_kt)
@@ -870,9 +871,15 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
     other model's measurements of the same problem reach a plain row), ``learn_from`` ones
     included (recordings that are learned from and warm-started from, never searched); an
     XMODEL row's other_models are the other models' recordings that hold its family."""
-    extra = {path: load(path) for path in learn_from if path not in paths}
     recordings = {path: load(path) for path in paths}
-    every = recordings | extra
+    # a file named twice (e.g. a relative --recording inside an absolute glob) loads once:
+    # twice in the others would count its measurements twice in every fit
+    seen = {Path(path).resolve() for path in paths}
+    every = dict(recordings)
+    for path in learn_from:
+        if Path(path).resolve() not in seen:
+            seen.add(Path(path).resolve())
+            every[path] = load(path)
     jobs: list[Job] = []
     caps: dict[tuple[str, str, str], int] = {}
     unusable: list[str] = []
