@@ -18,9 +18,11 @@ from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.search.costmodel import FEATURES, CostModel, features, matrix
-from tuner.search.learned import (LearnedSpace, examples_for_study, examples_from_database,
-                                  examples_from_recordings, model_picks, problem_held_out)
+from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, TRANSFER_FEATURES, CostModel,
+                                    Example, Transfer, features, matrix, shape_distance)
+from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, examples_for_study, examples_from_database,
+                                  examples_from_recordings, model_picks, problem_held_out,
+                                  space_rows)
 from tuner.search.prior import Target
 from tuner.search.study import Budget, Session, run_study
 from bench_support import search_efficiency
@@ -416,16 +418,19 @@ def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
     from tuner.search.learned import first_picks
 
     monkeypatch.setattr(learned_module, "EPSILON", 0.0)
+    monkeypatch.setattr(learned_module, "PENDING_PER_GROUP", 1)  # groups fill in the window
     study, distributions = _vectorized_model_study(  # a shape no recording holds
         problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=3)
     sampler = study.sampler
     learned, positions = sampler.learned, sampler.learned.configs
-    asked = [study.ask(distributions).params for _ in range(17)]  # none told
+    asked = [study.ask(distributions).params for _ in range(40)]  # none told
     assert sampler.scores is not None
-    picks = first_picks(learned.x, sampler.scores, 17)
+    picks = first_picks(learned.x, sampler.scores, 40)
     assert asked == [positions[row] for row in picks]
-    groups = learned_module.geometry_groups(learned.x)[picks]
-    assert max(np.unique(groups, return_counts=True)[1]) == learned_module.PENDING_PER_GROUP
+    group = learned_module.geometry_groups(learned.x)
+    best = np.argsort(-sampler.scores, kind="stable")[:40]
+    assert max(np.unique(group[best], return_counts=True)[1]) > 1  # the spread has work to do
+    assert max(np.unique(group[picks], return_counts=True)[1]) == 1
 
 
 def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings):
@@ -454,9 +459,10 @@ def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings)
 
 def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
         monkeypatch, recordings):
-    """Where the examples hold the family at other shapes, the examples' model is fitted once,
-    and the study's own results enter as a correction fitted on them alone (deterministic with
-    a fixed seed): a config measured far below its prediction loses score, one measured
+    """Where the examples hold the family at other shapes, the examples' two models (with and
+    without the nearest-shape columns) are fitted once, and the study's own results enter as a
+    correction, fitted on them alone (deterministic with a fixed seed), of the one whose order
+    they agree with: a config measured far below its prediction loses score, one measured
     above gains."""
     from tuner.search import costmodel
 
@@ -477,10 +483,116 @@ def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
             study.tell(trial, value)
             told.append((row, value))
         study.tell(study.ask(distributions), 50.0)  # the refit after the last of those
-        runs.append((sampler.scores.copy(), sampler._base, told))
-    assert len(fits) == 2  # one fit of the examples per study, however many refits
+        rows = [r for r, _ in told]
+        base = sampler._bases.trusted(rows, np.array([v for _, v in told]))
+        assert base is not None  # 14 own results tell the two apart
+        runs.append((sampler.scores.copy(), base, told))
+    assert len(fits) == 4  # two fits of the examples per study, however many refits
     (scores, base, told), (again, _, told_again) = runs
     assert told == told_again and np.array_equal(scores, again)
     slow = [r for r, v in told if v == 10.0]
     fast = [r for r, v in told if v == 100.0]
     assert np.mean(scores[slow] - base[slow]) < min(0.0, np.mean(scores[fast] - base[fast]))
+
+
+def _example(problem: Problem, config: dict[str, int], gflops: float, gpu: str = "H100",
+             target: Target = H100) -> Example:
+    return Example(gpu, target, "warptile", config, problem, gflops)
+
+
+def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
+    """A config's transfer columns: its fraction of the best at the nearest other shape of the
+    family that measured it, and that shape's distance; never its own unit's, never the searched
+    shape's, never another target's; NaN where no other shape measured it."""
+    family = kernels.FAMILIES["warptile"]
+    a, b, c, d = (dict(config) for config in family.accepted_configs()[:4])
+    near, mid, far = Problem(1024, 1024, 1024), Problem(2048, 2048, 2048), Problem(4096, 1024, 1024)
+    examples = [_example(near, a, 50.0), _example(near, b, 100.0),
+                _example(mid, a, 80.0), _example(mid, b, 40.0),
+                _example(far, c, 30.0),
+                _example(far, d, 60.0, gpu="A100", target=Target(108, "sm_80"))]
+    transfer = Transfer(examples)
+    searched = Problem(1100, 1000, 1024)
+    configs = [a, b, c, d]
+    x = transfer.fill(matrix(family, configs, searched, H100), "warptile", configs, searched, H100)
+    rate, distance = (x[:, FEATURES.index(name)] for name in TRANSFER_FEATURES)
+    assert rate[:2].tolist() == [0.5, 1.0]  # from the nearest shape, normalised by its best
+    assert distance[0] == pytest.approx(shape_distance(searched, near))
+    assert rate[2] == 1.0 and distance[2] == pytest.approx(shape_distance(searched, far))
+    assert np.isnan(rate[3]) and np.isnan(distance[3])  # only another target measured it
+    # a training unit's own rows read the nearest other unit
+    own = transfer.fill(matrix(family, [a, b], near, H100), "warptile", [a, b], near, H100,
+                        own=("H100", "warptile", near.shape))
+    assert own[:, FEATURES.index("near_rate")].tolist() == [1.0, 0.5]
+    # the searched shape's own measurements (of another GPU model) are never read
+    same = transfer.fill(matrix(family, [a], mid, H100), "warptile", [a], mid, H100)
+    assert same[0, FEATURES.index("near_rate")] == 0.5
+    # matrix leaves the columns unset until filled
+    assert np.isnan(matrix(family, [a], mid, H100)[:, TRANSFER_COLUMNS]).all()
+
+
+def test_a_searched_problems_own_measurements_never_reach_its_transfer_columns(recordings):
+    """Leave-one-out through the transfer columns: the benchmark's training for a pair holds
+    nothing of its shape, and the columns built from it read only other shapes."""
+    bench = search_efficiency()
+    path, recording = next((p, r) for p, r in zip(RECORDINGS, recordings)
+                           if r.gpu["name"].startswith("NVIDIA H100") and "tf32x3" in r.families)
+    gpu = recording.gpu["name"]
+    family_name, problem = next(p for p in recording.pairs() if p[0] == "tf32x3")
+    same = tuple(str(p) for p, r in zip(RECORDINGS, recordings) if r.gpu["name"] == gpu)
+    training = bench.training_for(bench.Job(str(path), family_name, problem, "model",
+                                            0, 10, same), gpu)
+    family = kernels.get_family(family_name)
+    configs = [dict(c) for c, r in recording.results(family_name, problem) if r.usable][:50]
+    target = Target(recording.gpu["sm_count"], recording.arch)
+    x = space_rows(family_name, matrix(family, configs, problem, target), configs, problem,
+                   target, training)
+    distance = x[:, FEATURES.index("near_distance")]
+    assert np.isfinite(distance).any() and (distance[np.isfinite(distance)] > 0).all()
+
+
+def test_a_fit_that_ignores_the_transfer_columns_is_the_fit_without_them(recordings):
+    """``Bases.plain``: the same rows with the nearest-shape columns left out of the fit
+    predict exactly what rows without those columns do (the shipped fit of session 28)."""
+    examples = [e for e in _h100_examples(recordings) if e.family == "tf32x3"]
+    with_transfer = CostModel(0)
+    with_transfer.add_examples(examples)
+    x = np.concatenate(with_transfer._rows)
+    assert np.isfinite(x[:, TRANSFER_COLUMNS]).any()  # the columns say something
+    blank = x.copy()
+    blank[:, TRANSFER_COLUMNS] = np.nan
+    without = CostModel(0)
+    without.add(blank, np.concatenate(with_transfer._targets))
+    ignoring = with_transfer.copy(ignored=TRANSFER_COLUMNS).fit().predict(x)
+    assert np.array_equal(ignoring, without.fit().predict(blank))
+    assert not np.array_equal(ignoring, with_transfer.copy().fit().predict(x))
+
+
+def test_the_two_fits_are_taken_in_turn_each_config_at_its_first_place():
+    bases = Bases(transfer=np.array([0.9, 0.8, 0.1, 0.2, 0.3]),
+                  plain=np.array([0.9, 0.1, 0.8, 0.7, 0.2]))
+    order = np.argsort(-bases.alternated(), kind="stable").tolist()
+    # transfer: 0 1 4 3 2; plain: 0 2 3 4 1; in turn: 0 0 1 2 4 3 ... → 0, 1, 2, 4, 3
+    assert order == [0, 1, 2, 4, 3]
+    bases = Bases(transfer=np.array([0.1, 0.2, 0.3, 0.4]), plain=np.array([0.4, 0.3, 0.2, 0.1]))
+    assert np.argsort(-bases.alternated(), kind="stable").tolist() == [3, 0, 2, 1]
+    # corrected scores take the bases' place (plain: 3 0 1 2)
+    assert np.argsort(-bases.alternated(plain=np.array([0.0, 0.0, 0.0, 1.0])),
+                      kind="stable").tolist() == [3, 2, 0, 1]
+    assert np.argsort(-bases.alternated(transfer=np.array([1.0, 0.0, 0.0, 0.0])),
+                      kind="stable").tolist() == [0, 1, 2, 3]
+
+
+def test_own_results_trust_the_fit_whose_order_they_agree_with():
+    rng = np.random.default_rng(0)
+    own = rng.random(40)
+    agrees, disagrees = own + 0.01 * rng.random(40), rng.random(40)
+    rows = list(range(TRUST_AFTER))
+    values = own[rows]
+    assert Bases(agrees, disagrees).trusted(rows, values) is not None
+    assert Bases(agrees, disagrees).trusted(rows, values) is agrees
+    assert Bases(disagrees, agrees).trusted(rows, values) is agrees
+    assert Bases(agrees, disagrees).trusted(rows[:-1], values[:-1]) is None  # too few yet
+    assert Bases(agrees, agrees.copy()).trusted(rows, values) is None  # a tie tells nothing
+    constant = np.full(40, 0.5)  # orders nothing: the other is trusted
+    assert Bases(constant, disagrees).trusted(rows, values) is disagrees

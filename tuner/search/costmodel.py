@@ -8,7 +8,9 @@ per SM, rounds of blocks on the busiest SM, idle share of the last round, paddin
 tiles, the static prior's throughput terms, waves of blocks over what the GPU holds at once),
 the problem's size, and the family's own
 parameters (log2, by name; NaN where a family lacks one). The family itself is a feature as
-well, so measurements of the same family at other shapes weigh most.
+well, so measurements of the same family at other shapes weigh most. One more pair of features
+depends on the examples (``Transfer``): what the same config measured at the nearest other
+shape of its family, and how far that shape is.
 
 What it predicts is a config's GFLOP/s as a fraction of the best measured on the same (GPU
 model, family, problem): absolute speed differs between GPUs and shapes, the order within a
@@ -58,9 +60,16 @@ GEOMETRY_FEATURES = (
     # measurements to 3 %)
     "waves",
 )
-FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS))
+# What the same config measured at the nearest other shape of its family (``Transfer``): its
+# fraction of that shape's best, and how far that shape is (log2 steps of m, n and k). NaN
+# where no other shape of the family measured it, and in ``matrix``'s rows until
+# ``Transfer.fill`` sets them.
+TRANSFER_FEATURES = ("near_rate", "near_distance")
+FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS),
+                             *TRANSFER_FEATURES)
 FAMILY_COLUMN = FEATURES.index("family")
 PRIOR_RATE = FEATURES.index("prior_rate")
+TRANSFER_COLUMNS = [FEATURES.index(name) for name in TRANSFER_FEATURES]
 
 # Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
 # under a second on one core, as the sampler refits during a study).
@@ -96,7 +105,8 @@ def features(family: Any, config: Mapping[str, int], problem: Problem, target: T
                     else math.nan)
     return [*_geometry_values(geom, problem, target), family_index,
             *(math.log2(config[p]) if p in config and config[p] > 0
-              else (0.0 if p in config else math.nan) for p in PARAMS)]
+              else (0.0 if p in config else math.nan) for p in PARAMS),
+            *(math.nan for _ in TRANSFER_FEATURES)]
 
 
 # configs of a family share few launch geometries (split-K's 214,440: matrix 4.85 → 3.47 s)
@@ -148,6 +158,77 @@ def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
     return x
 
 
+ConfigKey = tuple[tuple[str, int], ...]
+
+
+def config_key(config: Mapping[str, int]) -> ConfigKey:
+    return tuple(sorted((name, int(value)) for name, value in config.items()))
+
+
+def shape_distance(a: Problem, b: Problem) -> float:
+    """Steps of 2× between two shapes, summed over m, n and k."""
+    return (abs(math.log2(a.m / b.m)) + abs(math.log2(a.n / b.n))
+            + abs(math.log2(a.k / b.k)))
+
+
+class Transfer:
+    """What each config measured at the other shapes of its family on GPUs of the same target
+    (SM count and arch): its fraction of the best there (``fractions``), by unit. ``fill`` sets
+    a problem's ``TRANSFER_FEATURES`` from the nearest shape that measured each config. The
+    warm start showed that a shape's optimum is often its neighbour's (tf32x3 3000³ and
+    2560×2816×2304, session 27) while the geometry features rank it far down; this carries
+    that to the model, which learns from the other units how far it holds."""
+
+    def __init__(self, examples: Iterable[Example]) -> None:
+        units: dict[tuple[str, str, str], list[Example]] = {}
+        for example in examples:
+            units.setdefault(example.unit, []).append(example)
+        # (target, family) → [(unit, problem, {config: fraction})]
+        self._units: dict[tuple[Target, str], list[
+            tuple[tuple[str, str, str], Problem, dict[ConfigKey, float]]]] = {}
+        for unit, unit_examples in units.items():
+            first = unit_examples[0]
+            rates = fractions([e.gflops for e in unit_examples])
+            self._units.setdefault((first.target, first.family), []).append(
+                (unit, first.problem,
+                 {config_key(e.config): float(r) for e, r in zip(unit_examples, rates)}))
+
+    def fill(self, x: np.ndarray, family: str, configs: Sequence[Mapping[str, int]],
+             problem: Problem, target: Target, own: tuple[str, str, str] | None = None
+             ) -> np.ndarray:
+        """``x`` (rows of ``configs`` at ``problem``) with the transfer columns set from the
+        nearest other unit of the family that measured each config; never from ``own`` (a
+        training unit's own measurements) nor from the same shape."""
+        out = np.array(x, dtype=np.float64, copy=True)
+        out[:, TRANSFER_COLUMNS] = math.nan
+        if not len(configs):
+            return out
+        # keyed by values in one order of names: a split-K space lists 214,440 configs, and
+        # sorting each one's items took most of a second
+        names = tuple(sorted(configs[0]))
+        candidates = sorted(
+            ((shape_distance(problem, p),
+              {tuple(value for _, value in key): rate for key, rate in rates.items()
+               if tuple(name for name, _ in key) == names})
+             for unit, p, rates in self._units.get((target, family), [])
+             if unit != own and p.shape != problem.shape),
+            key=lambda item: item[0])
+        if not candidates:
+            return out
+        rate_column, distance_column = TRANSFER_COLUMNS
+        for row, config in enumerate(configs):
+            try:
+                key = tuple(int(config[name]) for name in names)
+            except KeyError:  # another family's names: nothing of it was measured here
+                continue
+            for distance, rates in candidates:
+                rate = rates.get(key)
+                if rate is not None:
+                    out[row, rate_column], out[row, distance_column] = rate, distance
+                    break
+        return out
+
+
 def fractions(gflops: Sequence[float]) -> np.ndarray:
     """GFLOP/s as a fraction of the best of the same unit (all zeros where none ran)."""
     values = np.asarray(gflops, dtype=np.float64)
@@ -160,17 +241,19 @@ class CostModel:
     best. ``fit`` on examples (normalised per unit); ``add`` rows normalised by the caller
     (a study's own measurements, weighted)."""
 
-    def __init__(self, seed: int | None = 0) -> None:
+    def __init__(self, seed: int | None = 0, ignored: Sequence[int] = ()) -> None:
         self.seed = _seed(seed)
+        self.ignored = tuple(ignored)  # feature columns the fit leaves out
         self._rows: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._weights: list[np.ndarray] = []
         self._model: Any = None
         self._columns = np.ones(len(FEATURES), dtype=bool)  # the columns the fit used
 
-    def copy(self) -> CostModel:
-        """The same rows, unfitted (rows are shared: they are never changed in place)."""
-        other = CostModel(self.seed)
+    def copy(self, ignored: Sequence[int] | None = None) -> CostModel:
+        """The same rows, unfitted (rows are shared: they are never changed in place);
+        ``ignored``: columns the copy's fit leaves out (default: this one's)."""
+        other = CostModel(self.seed, self.ignored if ignored is None else ignored)
         other._rows, other._targets = list(self._rows), list(self._targets)
         other._weights = list(self._weights)
         return other
@@ -187,16 +270,20 @@ class CostModel:
 
     def add_examples(self, examples: Iterable[Example], weight: float = 1.0) -> None:
         """Examples grouped by unit, each unit normalised by its own best."""
+        examples = list(examples)
+        transfer = Transfer(examples)
         units: dict[tuple[str, str, str], list[Example]] = {}
         for example in examples:
             units.setdefault(example.unit, []).append(example)
-        for unit_examples in units.values():
+        for unit, unit_examples in units.items():
             first = unit_examples[0]
             family = kernels.get_family(first.family)
             usable = [e for e in unit_examples if _geometry_ok(family, e)]
             if not usable:
                 continue
-            self.add(matrix(family, [e.config for e in usable], first.problem, first.target),
+            configs = [e.config for e in usable]
+            x = matrix(family, configs, first.problem, first.target)
+            self.add(transfer.fill(x, first.family, configs, first.problem, first.target, unit),
                      fractions([e.gflops for e in usable]), weight)
 
     def fit(self) -> CostModel:
@@ -210,6 +297,7 @@ class CostModel:
         w = np.concatenate(self._weights)
         # a column no example has (a parameter of families not in the data) says nothing
         self._columns = ~np.all(np.isnan(x), axis=0)
+        self._columns[list(self.ignored)] = False
         x = x[:, self._columns]
         categorical = np.zeros(len(FEATURES), dtype=bool)
         categorical[FAMILY_COLUMN] = True

@@ -3,11 +3,15 @@
 The model (``tuner.search.costmodel``) is fitted on what other problems measured — the results
 database's trials of other shapes and GPU models (``examples_from_database``), or in the
 benchmark the other recordings (``examples_from_recordings``, which is where the
-leave-one-out split lives). As the study goes on, its own measurements are learned as they
-grow (``REFIT_GROWTH``): where the examples hold the family at other shapes, as a correction of
-that fit (``costmodel.Correction``, fitted on the own rows alone); else (the model knows the
-family only from the static prior's start-up) by refitting on the examples and the own rows,
-weighted (``OWN_WEIGHT``) so that together they count as much as all the other examples.
+leave-one-out split lives). Where the examples hold the family at other shapes, two fits are
+made (``Bases``): with what each config measured at the nearest other shape
+(``costmodel.Transfer``) and without it; the study asks their rankings in turn until its own
+results say which of the two orders them better. As the study goes on, its own measurements
+are learned as they grow (``REFIT_GROWTH``): where the examples hold the family at other
+shapes, as a correction of those fits (``costmodel.Correction``, fitted on the own rows
+alone); else (the model knows the family only from the static prior's start-up) by refitting
+on the examples and the own rows, weighted (``OWN_WEIGHT``) so that together they count as
+much as all the other examples.
 Each ask takes the unmeasured accepted config with the highest prediction whose geometry
 group holds fewer than ``PENDING_PER_GROUP`` configs still waiting for their result (a window
 of candidates in flight is spread over geometries); one ask in ``1/EPSILON`` takes a uniform
@@ -38,7 +42,8 @@ from optuna.trial import FrozenTrial, TrialState
 import kernels
 
 from tuner.problem import Problem
-from tuner.search.costmodel import FEATURES, CostModel, Correction, Example, matrix
+from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, CostModel, Correction, Example,
+                                    Transfer, matrix)
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,9 @@ OWN_WEIGHT = 20.0
 REFIT_GROWTH = 1.25  # refit when the study's measurements grew by a quarter (and by ≥ 2)
 EPSILON = 0.1  # share of asks that take a uniform accepted config
 STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitted
+# Own measurements before the study trusts one of its two fits (``Bases.trusted``); until
+# then it alternates between them.
+TRUST_AFTER = 8
 MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``)
 # Configs of one geometry group (same block tile, threads, split) in flight at once, at most,
 # while another group has an unseen config: as many as the prior's start-up measures per group.
@@ -183,15 +191,71 @@ def fit_key(seed: int | None, examples: Sequence[Example]) -> FitKey:
 
 
 @dataclass(frozen=True)
+class Bases:
+    """Two fits on the examples of other problems, as scores of the accepted configs: with
+    the nearest-shape columns (``costmodel.Transfer``) and without them. The first wins where
+    a recorded neighbour shares the searched shape's optimum and loses where it does not
+    (bench/NOTES.md, session 28); the study cannot tell which before it measures, so it
+    alternates between them (``alternated``) until its own results say which orders them
+    better (``trusted``)."""
+
+    transfer: np.ndarray
+    plain: np.ndarray
+
+    @classmethod
+    def fit(cls, offline: CostModel, x: np.ndarray) -> Bases:
+        return cls(offline.copy().fit().predict(x),
+                   offline.copy(ignored=TRANSFER_COLUMNS).fit().predict(x))
+
+    def alternated(self, transfer: np.ndarray | None = None, plain: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """Scores that order the configs as the two rankings taken in turn (the transfer
+        one's first), each config at its first place; ``transfer``/``plain``: corrected
+        scores in place of the bases."""
+        first = np.argsort(-(self.transfer if transfer is None else transfer), kind="stable")
+        second = np.argsort(-(self.plain if plain is None else plain), kind="stable")
+        order = np.empty(2 * len(first), dtype=np.int64)
+        order[0::2], order[1::2] = first, second
+        _, at = np.unique(order, return_index=True)  # each config's first place
+        scores = np.empty(len(first), dtype=np.float64)
+        scores[np.argsort(at, kind="stable")] = -np.arange(len(first), dtype=np.float64)
+        return scores
+
+    def trusted(self, rows: Sequence[int], values: np.ndarray) -> np.ndarray | None:
+        """The base whose order agrees better (Spearman) with the study's own measurements
+        of ``rows``; None while they cannot tell (too few, or a tie)."""
+        if len(rows) < TRUST_AFTER:
+            return None
+        agree = [_spearman(base[list(rows)], values) for base in (self.transfer, self.plain)]
+        if agree[0] == agree[1]:
+            return None
+        return self.transfer if agree[0] > agree[1] else self.plain
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation; -inf where either side is constant (it orders nothing)."""
+    from scipy.stats import spearmanr
+
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return -np.inf
+    return float(spearmanr(a, b).statistic)
+
+
+@dataclass(frozen=True)
 class PreparedFit:
     """The model sampler's first fit, made ahead (``tuner.search.prefetch``): the examples of
-    other problems as rows (``offline``) and, where they hold the family, the scores of every
-    accepted config (a study's first asks read them). 0.4-1.2 s of CPU per study at 2048³
-    (bench/NOTES.md, session 16) that the main thread, with the GPU idle, no longer spends."""
+    other problems as rows (``offline``) and, where they hold the family, both fits' scores of
+    every accepted config (``Bases``; a study's first asks read ``scores``). 0.4-1.2 s of CPU
+    per study at 2048³ (bench/NOTES.md, session 16) that the main thread, with the GPU idle,
+    no longer spends."""
 
     key: FitKey
     offline: CostModel
-    scores: np.ndarray | None
+    bases: Bases | None
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        return None if self.bases is None else self.bases.alternated()
 
 
 def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: int | None
@@ -200,9 +264,9 @@ def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: i
     rows of the study's accepted configs)."""
     offline = CostModel(seed)
     offline.add_examples(examples)
-    scores = (offline.copy().fit().predict(x)
-              if offline.rows and learns_family(examples, family) else None)
-    return PreparedFit(fit_key(seed, examples), offline, scores)
+    bases = (Bases.fit(offline, x)
+             if offline.rows and learns_family(examples, family) else None)
+    return PreparedFit(fit_key(seed, examples), offline, bases)
 
 
 @dataclass(frozen=True)
@@ -221,7 +285,17 @@ class LearnedSpace:
               positions: Sequence[Mapping[str, int]], problem: Problem, target: Target,
               examples: Sequence[Example]) -> LearnedSpace:
         """``accepted``: configs (values); ``positions``: the same configs as study params."""
-        return cls(list(positions), matrix(family, accepted, problem, target), list(examples))
+        return cls(list(positions), space_rows(family.name, matrix(family, accepted, problem,
+                                                                   target),
+                                               accepted, problem, target, examples),
+                   list(examples))
+
+
+def space_rows(family: str, x: np.ndarray, accepted: Sequence[Mapping[str, int]],
+               problem: Problem, target: Target, examples: Sequence[Example]) -> np.ndarray:
+    """``x`` (``matrix`` of the accepted configs) with what the examples measured of each
+    config at the nearest other shape of the family (``costmodel.Transfer``)."""
+    return Transfer(examples).fill(x, family, accepted, problem, target)
 
 
 def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:
@@ -283,11 +357,11 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.fits = 0
         # the examples hold the family at other shapes: their fit stays, own rows correct it
         self.correcting = self.offline.rows > 0 and not self.startup
-        self._base: np.ndarray | None = None  # that fit's scores, made once
-        if fitted is not None and fitted.scores is not None:
+        self._bases: Bases | None = None  # those fits' scores, made once
+        if fitted is not None and fitted.bases is not None:
             # as the first ask's fit (no own measurements yet) would have left it
             self.scores, self.fitted_on, self.fits = fitted.scores, 0, 1
-            self._base = fitted.scores
+            self._bases = fitted.bases
 
     def reseed_rng(self) -> None:
         self.rng.seed()
@@ -404,15 +478,14 @@ class ModelSampler(optuna.samplers.BaseSampler):
         x = self.learned.x
         predict: Callable[[], np.ndarray]
         if self.correcting:
-            if self._base is None:
-                self._base = self.offline.copy().fit().predict(x)
-            base = self._base
+            if self._bases is None:
+                self._bases = Bases.fit(self.offline, x)
+            bases = self._bases
             if own and len(rows_ok) >= 2:
-                residuals = values / values.max() - base[rows_ok]
-                correction = Correction(self.offline.seed)
-                predict = lambda: base + correction.fit(x[rows_ok], residuals).predict(x)
+                rates = values / values.max()
+                predict = lambda: _corrected(bases, x, rows_ok, rates, self.offline.seed)
             else:
-                predict = lambda: base
+                predict = bases.alternated
         else:
             model = self.offline.copy()
             if own:
@@ -436,6 +509,19 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # only reached when every accepted config was measured: the study then stops
         return optuna.samplers.RandomSampler(seed=self.rng.randrange(2**31)).sample_independent(
             study, trial, param_name, param_distribution)
+
+
+def _corrected(bases: Bases, x: np.ndarray, rows: Sequence[int], rates: np.ndarray,
+               seed: int) -> np.ndarray:
+    """The trusted base corrected by the own rates of ``rows`` (``costmodel.Correction``);
+    while neither is trusted, both corrected, alternated."""
+    def corrected(base: np.ndarray) -> np.ndarray:
+        return base + Correction(seed).fit(x[list(rows)], rates - base[list(rows)]).predict(x)
+
+    trusted = bases.trusted(rows, rates)
+    if trusted is not None:
+        return corrected(trusted)
+    return bases.alternated(corrected(bases.transfer), corrected(bases.plain))
 
 
 # The hybrid sampler's start-up: this many of the cost model's top-ranked configs first, then

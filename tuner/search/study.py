@@ -35,7 +35,7 @@ from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, PreparedFit, Unit, capped,
                                   examples_for_study, fit_key, learns_family, model_picks,
-                                  prepare_fit)
+                                  prepare_fit, space_rows)
 from tuner.search.choices import LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP
 from tuner.search.samplers import (CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler,
                                    resolve)
@@ -278,10 +278,14 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     family = kernels.get_family(family_name)
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
     if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
-        startup.features = matrix(family, startup.accepted, problem, prior.Target(sm_count, arch))
+        target = prior.Target(sm_count, arch)
+        startup.features = matrix(family, startup.accepted, problem, target)
         if examples is not None and resolve(sampler, True) == "model":
-            startup.fitted = prepare_fit(family.name, capped(examples, family.name, seed=seed),
-                                         startup.features, _seed_for(seed, 0))
+            examples = capped(examples, family.name, seed=seed)
+            startup.features = space_rows(family.name, startup.features, startup.accepted,
+                                          problem, target, examples)
+            startup.fitted = prepare_fit(family.name, examples, startup.features,
+                                         _seed_for(seed, 0))
     if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
         resources = ((usage or prior.compiled_usage(family, arch, cache_dir)) if prior_compiles
                      else None)
@@ -446,7 +450,11 @@ class StudyRun:
                 log.info("%s: the model's fit prepared ahead is of other examples; fitting it "
                          "here", self.name)
                 fitted = None
-            return LearnedSpace(positions, self.startup.features, examples, fitted)
+            features = self.startup.features
+            if fitted is None:  # its transfer columns are of no examples, or of others
+                features = space_rows(self.family.name, features, self.accepted_all,
+                                      self.problem, target, examples)
+            return LearnedSpace(positions, features, examples, fitted)
         return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
                                   examples)
 
