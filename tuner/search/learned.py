@@ -285,10 +285,9 @@ class LearnedSpace:
               positions: Sequence[Mapping[str, int]], problem: Problem, target: Target,
               examples: Sequence[Example]) -> LearnedSpace:
         """``accepted``: configs (values); ``positions``: the same configs as study params."""
-        return cls(list(positions), space_rows(family.name, matrix(family, accepted, problem,
-                                                                   target),
-                                               accepted, problem, target, examples),
-                   list(examples))
+        x = matrix(family, accepted, problem, target)
+        return cls(list(positions), space_rows(family.name, x, accepted, problem, target,
+                                               examples), list(examples))
 
 
 def space_rows(family: str, x: np.ndarray, accepted: Sequence[Mapping[str, int]],
@@ -538,9 +537,10 @@ def learns_family(examples: Sequence[Example], family: str) -> bool:
 
 def model_picks(learned: LearnedSpace, family: str, count: int, seed: int | None
                 ) -> list[dict[str, int]]:
-    """The ``count`` accepted configs (positions) the cost model ranks highest, when its examples
-    hold this family measured elsewhere; [] when they do not (then it is no better than the
-    prior, whose picks stand alone)."""
+    """The ``count`` accepted configs (positions) the cost model ranks highest (its two fits'
+    rankings in turn, ``Bases.alternated``), when its examples hold this family measured
+    elsewhere; [] when they do not (then it is no better than the prior, whose picks stand
+    alone)."""
     scores = prepare_fit(family, learned.examples, learned.x, seed).scores if count >= 1 else None
     if scores is None:
         return []
