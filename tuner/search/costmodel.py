@@ -158,11 +158,17 @@ def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
     return x
 
 
-ConfigKey = tuple[tuple[str, int], ...]
+Unit = tuple[str, str, str]  # Example.unit
+# a unit's fractions by parameter names (sorted), then by the values in that order
+Rates = dict[tuple[str, ...], dict[tuple[int, ...], float]]
 
 
-def config_key(config: Mapping[str, int]) -> ConfigKey:
-    return tuple(sorted((name, int(value)) for name, value in config.items()))
+def by_unit(examples: Iterable[Example]) -> dict[Unit, list[Example]]:
+    """Examples grouped by unit (GPU model, family, shape), in their order."""
+    units: dict[Unit, list[Example]] = {}
+    for example in examples:
+        units.setdefault(example.unit, []).append(example)
+    return units
 
 
 def shape_distance(a: Problem, b: Problem) -> float:
@@ -180,22 +186,21 @@ class Transfer:
     that to the model, which learns from the other units how far it holds."""
 
     def __init__(self, examples: Iterable[Example]) -> None:
-        units: dict[tuple[str, str, str], list[Example]] = {}
-        for example in examples:
-            units.setdefault(example.unit, []).append(example)
-        # (target, family) → [(unit, problem, {config: fraction})]
-        self._units: dict[tuple[Target, str], list[
-            tuple[tuple[str, str, str], Problem, dict[ConfigKey, float]]]] = {}
-        for unit, unit_examples in units.items():
+        # (target, family) → [(unit, problem, rates)]; keyed once here, not per ``fill``
+        # (re-keying every other unit for each unit cost ``add_examples`` 0.05-0.3 s)
+        self._units: dict[tuple[Target, str], list[tuple[Unit, Problem, Rates]]] = {}
+        for unit, unit_examples in by_unit(examples).items():
             first = unit_examples[0]
-            rates = fractions([e.gflops for e in unit_examples])
+            rates: Rates = {}
+            for example, rate in zip(unit_examples, fractions([e.gflops for e in unit_examples])):
+                names = tuple(sorted(example.config))
+                values = tuple(int(example.config[name]) for name in names)
+                rates.setdefault(names, {})[values] = float(rate)
             self._units.setdefault((first.target, first.family), []).append(
-                (unit, first.problem,
-                 {config_key(e.config): float(r) for e, r in zip(unit_examples, rates)}))
+                (unit, first.problem, rates))
 
     def fill(self, x: np.ndarray, family: str, configs: Sequence[Mapping[str, int]],
-             problem: Problem, target: Target, own: tuple[str, str, str] | None = None
-             ) -> np.ndarray:
+             problem: Problem, target: Target, own: Unit | None = None) -> np.ndarray:
         """``x`` (rows of ``configs`` at ``problem``) with the transfer columns set from the
         nearest other unit of the family that measured each config; never from ``own`` (a
         training unit's own measurements) nor from the same shape."""
@@ -207,9 +212,7 @@ class Transfer:
         # sorting each one's items took most of a second
         names = tuple(sorted(configs[0]))
         candidates = sorted(
-            ((shape_distance(problem, p),
-              {tuple(value for _, value in key): rate for key, rate in rates.items()
-               if tuple(name for name, _ in key) == names})
+            ((shape_distance(problem, p), rates.get(names, {}))
              for unit, p, rates in self._units.get((target, family), [])
              if unit != own and p.shape != problem.shape),
             key=lambda item: item[0])
@@ -270,11 +273,8 @@ class CostModel:
 
     def add_examples(self, examples: Iterable[Example], weight: float = 1.0) -> None:
         """Examples grouped by unit, each unit normalised by its own best."""
-        examples = list(examples)
-        transfer = Transfer(examples)
-        units: dict[tuple[str, str, str], list[Example]] = {}
-        for example in examples:
-            units.setdefault(example.unit, []).append(example)
+        units = by_unit(examples)
+        transfer = Transfer(e for unit_examples in units.values() for e in unit_examples)
         for unit, unit_examples in units.items():
             first = unit_examples[0]
             family = kernels.get_family(first.family)

@@ -43,7 +43,7 @@ import kernels
 
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, CostModel, Correction, Example,
-                                    Transfer, matrix)
+                                    Transfer, Unit, matrix)
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,6 @@ PENDING_PER_GROUP = PER_GROUP
 GROUP_FEATURES = ("log2_tile_rows", "log2_tile_cols", "log2_threads", "log2_splits",
                   "shared_kib")
 
-Unit = tuple[str, str, str]  # (GPU model, family, shape): CostModel's Example.unit
 HeldOut = Callable[[Unit], bool]  # units that must not reach a fit
 
 
