@@ -502,7 +502,8 @@ def _example(problem: Problem, config: dict[str, int], gflops: float, gpu: str =
 
 def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
     """A config's transfer columns: its fraction of the best at the nearest other shape of the
-    family that measured it, and that shape's distance; never its own unit's, never the searched
+    family that measured it, that shape's distance, and its best fraction at any other shape
+    of the family; never its own unit's, never the searched
     shape's, never another target's; NaN where no other shape measured it."""
     family = kernels.FAMILIES["warptile"]
     a, b, c, d = (dict(config) for config in family.accepted_configs()[:4])
@@ -515,15 +516,17 @@ def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
     searched = Problem(1100, 1000, 1024)
     configs = [a, b, c, d]
     x = transfer.fill(matrix(family, configs, searched, H100), "warptile", configs, searched, H100)
-    rate, distance = (x[:, FEATURES.index(name)] for name in TRANSFER_FEATURES)
+    rate, distance, best = (x[:, FEATURES.index(name)] for name in TRANSFER_FEATURES)
     assert rate[:2].tolist() == [0.5, 1.0]  # from the nearest shape, normalised by its best
     assert distance[0] == pytest.approx(shape_distance(searched, near))
     assert rate[2] == 1.0 and distance[2] == pytest.approx(shape_distance(searched, far))
-    assert np.isnan(rate[3]) and np.isnan(distance[3])  # only another target measured it
-    # a training unit's own rows read the nearest other unit
+    assert best[:3].tolist() == [1.0, 1.0, 1.0]  # a's best is the farther shape's
+    assert np.isnan(x[3, TRANSFER_COLUMNS]).all()  # only another target measured it
+    # a training unit's own rows read the other units only
     own = transfer.fill(matrix(family, [a, b], near, H100), "warptile", [a, b], near, H100,
                         own=("H100", "warptile", near.shape))
     assert own[:, FEATURES.index("near_rate")].tolist() == [1.0, 0.5]
+    assert own[:, FEATURES.index("best_rate")].tolist() == [1.0, 0.5]
     # the searched shape's own measurements (of another GPU model) are never read
     same = transfer.fill(matrix(family, [a], mid, H100), "warptile", [a], mid, H100)
     assert same[0, FEATURES.index("near_rate")] == 0.5

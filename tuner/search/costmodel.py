@@ -8,9 +8,9 @@ per SM, rounds of blocks on the busiest SM, idle share of the last round, paddin
 tiles, the static prior's throughput terms, waves of blocks over what the GPU holds at once),
 the problem's size, and the family's own
 parameters (log2, by name; NaN where a family lacks one). The family itself is a feature as
-well, so measurements of the same family at other shapes weigh most. One more pair of features
-depends on the examples (``Transfer``): what the same config measured at the nearest other
-shape of its family, and how far that shape is.
+well, so measurements of the same family at other shapes weigh most. Three more features
+depend on the examples (``Transfer``): what the same config measured at the nearest other
+shape of its family, how far that shape is, and the best it measured at any other shape.
 
 What it predicts is a config's GFLOP/s as a fraction of the best measured on the same (GPU
 model, family, problem): absolute speed differs between GPUs and shapes, the order within a
@@ -60,11 +60,12 @@ GEOMETRY_FEATURES = (
     # measurements to 3 %)
     "waves",
 )
-# What the same config measured at the nearest other shape of its family (``Transfer``): its
-# fraction of that shape's best, and how far that shape is (log2 steps of m, n and k). NaN
-# where no other shape of the family measured it, and in ``matrix``'s rows until
-# ``Transfer.fill`` sets them.
-TRANSFER_FEATURES = ("near_rate", "near_distance")
+# What the same config measured at the other shapes of its family (``Transfer``): its
+# fraction of the nearest shape's best and how far that shape is (log2 steps of m, n and k),
+# and its largest fraction at any of them (a config fast somewhere often is here where the
+# nearest shape's optimum is not: bench/NOTES.md, session 30). NaN where no other shape of the
+# family measured it, and in ``matrix``'s rows until ``Transfer.fill`` sets them.
+TRANSFER_FEATURES = ("near_rate", "near_distance", "best_rate")
 FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS),
                              *TRANSFER_FEATURES)
 FAMILY_COLUMN = FEATURES.index("family")
@@ -202,8 +203,9 @@ class Transfer:
     def fill(self, x: np.ndarray, family: str, configs: Sequence[Mapping[str, int]],
              problem: Problem, target: Target, own: Unit | None = None) -> np.ndarray:
         """``x`` (rows of ``configs`` at ``problem``) with the transfer columns set from the
-        nearest other unit of the family that measured each config; never from ``own`` (a
-        training unit's own measurements) nor from the same shape."""
+        other units of the family that measured each config (the nearest one's fraction and
+        distance, the best fraction of any); never from ``own`` (a training unit's own
+        measurements) nor from the same shape."""
         out = np.array(x, dtype=np.float64, copy=True)
         out[:, TRANSFER_COLUMNS] = math.nan
         if not len(configs):
@@ -218,17 +220,16 @@ class Transfer:
             key=lambda item: item[0])
         if not candidates:
             return out
-        rate_column, distance_column = TRANSFER_COLUMNS
+        rate_column, distance_column, best_column = TRANSFER_COLUMNS
         for row, config in enumerate(configs):
             try:
                 key = tuple(int(config[name]) for name in names)
             except KeyError:  # another family's names: nothing of it was measured here
                 continue
-            for distance, rates in candidates:
-                rate = rates.get(key)
-                if rate is not None:
-                    out[row, rate_column], out[row, distance_column] = rate, distance
-                    break
+            measured = [(distance, rates[key]) for distance, rates in candidates if key in rates]
+            if measured:
+                out[row, rate_column], out[row, distance_column] = measured[0][1], measured[0][0]
+                out[row, best_column] = max(rate for _, rate in measured)
         return out
 
 

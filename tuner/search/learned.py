@@ -4,14 +4,14 @@ The model (``tuner.search.costmodel``) is fitted on what other problems measured
 database's trials of other shapes and GPU models (``examples_from_database``), or in the
 benchmark the other recordings (``examples_from_recordings``, which is where the
 leave-one-out split lives). Where the examples hold the family at other shapes, two fits are
-made (``Bases``): with what each config measured at the nearest other shape
-(``costmodel.Transfer``) and without it; the study asks their rankings in turn until its own
-results say which of the two orders them better. As the study goes on, its own measurements
-are learned as they grow (``REFIT_GROWTH``): where the examples hold the family at other
-shapes, as a correction of those fits (``costmodel.Correction``, fitted on the own rows
-alone); else (the model knows the family only from the static prior's start-up) by refitting
-on the examples and the own rows, weighted (``OWN_WEIGHT``) so that together they count as
-much as all the other examples.
+made (``Bases``): with what each config measured at the other shapes (``costmodel.Transfer``:
+at the nearest one, and its best at any) and without it; the study asks their rankings in
+turn until its own results say which of the two orders them better. As the study goes on,
+its own measurements are learned as they grow (``REFIT_GROWTH``): where the examples hold the
+family at other shapes, as a correction of those fits (``costmodel.Correction``, fitted on the
+own rows alone); else (the model knows the family only from the static prior's start-up) by
+refitting on the examples and the own rows, weighted (``OWN_WEIGHT``) so that together they
+count as much as all the other examples.
 Each ask takes the unmeasured accepted config with the highest prediction whose geometry
 group holds fewer than ``PENDING_PER_GROUP`` configs still waiting for their result (a window
 of candidates in flight is spread over geometries); one ask in ``1/EPSILON`` takes a uniform
@@ -192,11 +192,11 @@ def fit_key(seed: int | None, examples: Sequence[Example]) -> FitKey:
 @dataclass(frozen=True)
 class Bases:
     """Two fits on the examples of other problems, as scores of the accepted configs: with
-    the nearest-shape columns (``costmodel.Transfer``) and without them. The first wins where
-    a recorded neighbour shares the searched shape's optimum and loses where it does not
-    (bench/NOTES.md, session 28); the study cannot tell which before it measures, so it
-    alternates between them (``alternated``) until its own results say which orders them
-    better (``trusted``)."""
+    the transfer columns (``costmodel.Transfer``: what each config measured at other shapes)
+    and without them. The first wins where a recorded neighbour shares the searched shape's
+    optimum and loses where it does not (bench/NOTES.md, session 28); the study cannot tell
+    which before it measures, so it alternates between them (``alternated``) until its own
+    results say which orders them better (``trusted``)."""
 
     transfer: np.ndarray
     plain: np.ndarray
@@ -292,7 +292,7 @@ class LearnedSpace:
 def space_rows(family: str, x: np.ndarray, accepted: Sequence[Mapping[str, int]],
                problem: Problem, target: Target, examples: Sequence[Example]) -> np.ndarray:
     """``x`` (``matrix`` of the accepted configs) with what the examples measured of each
-    config at the nearest other shape of the family (``costmodel.Transfer``)."""
+    config at the other shapes of the family (``costmodel.Transfer``)."""
     return Transfer(examples).fill(x, family, accepted, problem, target)
 
 
