@@ -503,8 +503,8 @@ def _example(problem: Problem, config: dict[str, int], gflops: float, gpu: str =
 def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
     """A config's transfer columns: its fraction of the best at the nearest other shape of the
     family that measured it, that shape's distance, and its best fraction at any other shape
-    of the family; never its own unit's, never the searched
-    shape's, never another target's; NaN where no other shape measured it."""
+    of the family; never its own unit's, never the searched shape's, never another target's;
+    NaN where no other shape measured it."""
     family = kernels.FAMILIES["warptile"]
     a, b, c, d = (dict(config) for config in family.accepted_configs()[:4])
     near, mid, far = Problem(1024, 1024, 1024), Problem(2048, 2048, 2048), Problem(4096, 1024, 1024)

@@ -228,8 +228,9 @@ class Transfer:
                 continue
             measured = [(distance, rates[key]) for distance, rates in candidates if key in rates]
             if measured:
-                out[row, rate_column], out[row, distance_column] = measured[0][1], measured[0][0]
-                out[row, best_column] = max(rate for _, rate in measured)
+                distance, fraction = measured[0]  # the nearest: candidates are by distance
+                out[row, rate_column], out[row, distance_column] = fraction, distance
+                out[row, best_column] = max(fraction for _, fraction in measured)
         return out
 
 
