@@ -181,7 +181,7 @@ def shape_distance(a: Problem, b: Problem) -> float:
 class Transfer:
     """What each config measured at the other shapes of its family on GPUs of the same target
     (SM count and arch): its fraction of the best there (``fractions``), by unit. ``fill`` sets
-    a problem's ``TRANSFER_FEATURES`` from the nearest shape that measured each config. The
+    a problem's ``TRANSFER_FEATURES`` from the shapes that measured each config. The
     warm start showed that a shape's optimum is often its neighbour's (tf32x3 3000³ and
     2560×2816×2304, session 27) while the geometry features rank it far down; this carries
     that to the model, which learns from the other units how far it holds."""
