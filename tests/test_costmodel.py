@@ -20,7 +20,8 @@ from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, TRANSFER_FEATURES, CostModel,
                                     Example, Transfer, features, matrix, shape_distance)
-from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, examples_for_study, examples_from_database,
+from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, breadth_first, decompositions,
+                                  examples_for_study, examples_from_database,
                                   examples_from_recordings, model_picks, problem_held_out,
                                   space_rows)
 from tuner.search.prior import Target
@@ -584,6 +585,40 @@ def test_the_two_fits_are_taken_in_turn_each_config_at_its_first_place():
                       kind="stable").tolist() == [3, 2, 0, 1]
     assert np.argsort(-bases.alternated(transfer=np.array([1.0, 0.0, 0.0, 0.0])),
                       kind="stable").tolist() == [0, 1, 2, 3]
+
+
+def test_breadth_first_takes_each_decomposition_s_next_config_in_turn():
+    order = np.array([4, 0, 3, 1, 2, 5])
+    parts = np.array([0, 1, 1, 0, 0, 2])  # config → part; in order: 0 0 0 1 1 2
+    # firsts of the parts (in the order they first come): 4, 1, 5; then seconds: 0, 2; thirds: 3
+    assert breadth_first(order, parts).tolist() == [4, 1, 5, 0, 2, 3]
+    assert breadth_first(order, np.zeros(6, dtype=np.int64)).tolist() == order.tolist()
+
+
+def test_the_first_window_reaches_a_decomposition_both_fits_rank_low():
+    # both fits rank the four configs of part 0 first; part 1's best (config 4) is fifth
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    parts = np.array([0, 0, 0, 0, 1, 1])
+    without = np.argsort(-Bases(scores, scores).alternated(), kind="stable").tolist()
+    with_parts = np.argsort(-Bases(scores, scores, parts).alternated(), kind="stable").tolist()
+    assert without == [0, 1, 2, 3, 4, 5]
+    # the order (0 1 2 3 4 5) and its breadth-first regrouping (0 4 1 5 2 3) in turn:
+    # 0 0 1 4 2 1 3 5 ... → part 1's best third instead of fifth
+    assert with_parts == [0, 1, 4, 2, 3, 5]
+    assert sorted(with_parts) == list(range(6))
+
+
+def test_decompositions_group_configs_by_block_tile_and_split():
+    recording = load(BUNDLED_RECORDINGS / "h100-splitk-s30.json.gz")
+    family, problem = next(iter(recording.pairs()))
+    configs = [dict(c) for c, _ in recording.results(family, problem)]
+    x = matrix(kernels.get_family(family), configs, problem, Target(132, "sm_90"))
+    part = decompositions(x)
+    key = [(c["BM"], c["BN"], c["SPLITK"]) for c in configs]
+    assert len(set(part.tolist())) == len(set(key)) > 10
+    for a in range(0, len(configs), 7):
+        for b in range(0, len(configs), 11):
+            assert (part[a] == part[b]) == (key[a] == key[b])
 
 
 def test_own_results_trust_the_fit_whose_order_they_agree_with():

@@ -6,12 +6,14 @@ benchmark the other recordings (``examples_from_recordings``, which is where the
 leave-one-out split lives). Where the examples hold the family at other shapes, two fits are
 made (``Bases``): with what each config measured at the other shapes (``costmodel.Transfer``:
 at the nearest one, and its best at any) and without it; the study asks their rankings in
-turn until its own results say which of the two orders them better. As the study goes on,
-its own measurements are learned as they grow (``REFIT_GROWTH``): where the examples hold the
-family at other shapes, as a correction of those fits (``costmodel.Correction``, fitted on the
-own rows alone); else (the model knows the family only from the static prior's start-up) by
-refitting on the examples and the own rows, weighted (``OWN_WEIGHT``) so that together they
-count as much as all the other examples.
+turn until its own results say which of the two orders them better, and that order in turn
+with its breadth-first regrouping by decomposition (block tile and split), so that a
+decomposition both fits misjudge is still reached early (``Bases.alternated``).
+As the study goes on, its own measurements are learned as they grow (``REFIT_GROWTH``): where
+the examples hold the family at other shapes, as a correction of those fits
+(``costmodel.Correction``, fitted on the own rows alone); else (the model knows the family only
+from the static prior's start-up) by refitting on the examples and the own rows, weighted
+(``OWN_WEIGHT``) so that together they count as much as all the other examples.
 Each ask takes the unmeasured accepted config with the highest prediction whose geometry
 group holds fewer than ``PENDING_PER_GROUP`` configs still waiting for their result (a window
 of candidates in flight is spread over geometries); one ask in ``1/EPSILON`` takes a uniform
@@ -64,6 +66,8 @@ MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``
 PENDING_PER_GROUP = PER_GROUP
 GROUP_FEATURES = ("log2_tile_rows", "log2_tile_cols", "log2_threads", "log2_splits",
                   "shared_kib")
+# What decides the searched shape's waves and tile edges: a coarser group (``decompositions``)
+DECOMPOSITION_FEATURES = ("log2_tile_rows", "log2_tile_cols", "log2_splits")
 
 HeldOut = Callable[[Unit], bool]  # units that must not reach a fit
 
@@ -200,24 +204,28 @@ class Bases:
 
     transfer: np.ndarray
     plain: np.ndarray
+    parts: np.ndarray | None = None  # each config's decomposition (``decompositions``)
 
     @classmethod
     def fit(cls, offline: CostModel, x: np.ndarray) -> Bases:
         return cls(offline.copy().fit().predict(x),
-                   offline.copy(ignored=TRANSFER_COLUMNS).fit().predict(x))
+                   offline.copy(ignored=TRANSFER_COLUMNS).fit().predict(x), decompositions(x))
 
     def alternated(self, transfer: np.ndarray | None = None, plain: np.ndarray | None = None
                    ) -> np.ndarray:
         """Scores that order the configs as the two rankings taken in turn (the transfer
         one's first), each config at its first place; ``transfer``/``plain``: corrected
-        scores in place of the bases."""
+        scores in place of the bases. With ``parts``, that order is taken in turn with its
+        own ``breadth_first`` regrouping: where both fits misjudge the searched shape's best
+        decomposition (a wave-quantization needle, a split), the first window still reaches
+        it (bench/NOTES.md, session 31)."""
         first = np.argsort(-(self.transfer if transfer is None else transfer), kind="stable")
         second = np.argsort(-(self.plain if plain is None else plain), kind="stable")
-        order = np.empty(2 * len(first), dtype=np.int64)
-        order[0::2], order[1::2] = first, second
-        _, at = np.unique(order, return_index=True)  # each config's first place
+        order = _in_turn(first, second)
+        if self.parts is not None:
+            order = _in_turn(order, breadth_first(order, self.parts))
         scores = np.empty(len(first), dtype=np.float64)
-        scores[np.argsort(at, kind="stable")] = -np.arange(len(first), dtype=np.float64)
+        scores[order] = -np.arange(len(first), dtype=np.float64)
         return scores
 
     def trusted(self, rows: Sequence[int], values: np.ndarray) -> np.ndarray | None:
@@ -229,6 +237,34 @@ class Bases:
         if agree[0] == agree[1]:
             return None
         return self.transfer if agree[0] > agree[1] else self.plain
+
+
+def _in_turn(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The two orders' entries taken in turn, each at its first place."""
+    order = np.stack([first, second], axis=1).reshape(-1)
+    _, at = np.unique(order, return_index=True)
+    return order[np.sort(at)]
+
+
+def breadth_first(order: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """``order`` regrouped by ``parts``: the first config of each part (the parts in the order
+    of their first configs), then the second of each, and so on."""
+    ordered = parts[order]
+    _, first_at, inverse = np.unique(ordered, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    counts = np.bincount(inverse)
+    within = np.empty(len(order), dtype=np.int64)  # each config's place within its part
+    within[np.argsort(inverse, kind="stable")] = (np.arange(len(order))
+                                                  - np.repeat(np.cumsum(counts) - counts, counts))
+    return order[np.argsort(within * len(order) + first_at[inverse], kind="stable")]
+
+
+def decompositions(x: np.ndarray) -> np.ndarray:
+    """Each config's decomposition of the problem (block tile and split; a number), from its
+    feature row."""
+    columns = [FEATURES.index(name) for name in DECOMPOSITION_FEATURES]
+    _, part = np.unique(x[:, columns], axis=0, return_inverse=True)
+    return part.reshape(-1)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
