@@ -20,8 +20,8 @@ from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, TRANSFER_FEATURES, CostModel,
                                     Example, Transfer, features, matrix, shape_distance)
-from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, breadth_first, decompositions,
-                                  examples_for_study, examples_from_database,
+from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, breadth_first,
+                                  decompositions, examples_for_study, examples_from_database,
                                   examples_from_recordings, model_picks, problem_held_out,
                                   space_rows)
 from tuner.search.prior import Target

@@ -160,8 +160,19 @@ def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
 def geometry_groups(x: np.ndarray) -> np.ndarray:
     """Each config's geometry group (``prior.Geometry.key``: block tile, threads, split, shared
     memory) as a number, from its feature row."""
-    columns = [FEATURES.index(name) for name in GROUP_FEATURES]
-    _, group = np.unique(x[:, columns], axis=0, return_inverse=True)
+    return _groups(x, GROUP_FEATURES)
+
+
+def decompositions(x: np.ndarray) -> np.ndarray:
+    """Each config's decomposition of the problem (block tile and split) as a number, from its
+    feature row."""
+    return _groups(x, DECOMPOSITION_FEATURES)
+
+
+def _groups(x: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """Rows with equal values of the features ``names``: one number per group."""
+    _, group = np.unique(x[:, [FEATURES.index(name) for name in names]], axis=0,
+                         return_inverse=True)
     return group.reshape(-1)
 
 
@@ -257,14 +268,6 @@ def breadth_first(order: np.ndarray, parts: np.ndarray) -> np.ndarray:
     within[np.argsort(inverse, kind="stable")] = (np.arange(len(order))
                                                   - np.repeat(np.cumsum(counts) - counts, counts))
     return order[np.argsort(within * len(order) + first_at[inverse], kind="stable")]
-
-
-def decompositions(x: np.ndarray) -> np.ndarray:
-    """Each config's decomposition of the problem (block tile and split; a number), from its
-    feature row."""
-    columns = [FEATURES.index(name) for name in DECOMPOSITION_FEATURES]
-    _, part = np.unique(x[:, columns], axis=0, return_inverse=True)
-    return part.reshape(-1)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
