@@ -32,7 +32,7 @@ import random
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Collection
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -291,7 +291,7 @@ class PreparedFit:
     offline: CostModel
     bases: Bases | None
 
-    @property
+    @cached_property  # read by the prefetch's first picks and the sampler's first asks: once
     def scores(self) -> np.ndarray | None:
         return None if self.bases is None else self.bases.alternated()
 
