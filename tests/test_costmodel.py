@@ -51,6 +51,27 @@ def test_features_are_finite_where_the_family_has_them():
     assert 0 <= named["edge_waste"] < 1 and named["rounds"] >= 1
 
 
+def test_feature_rows_are_each_configs_own():
+    """``matrix`` builds its rows a column at a time (each launch geometry once, the parameters
+    as arrays): every row must still hold its own config's geometry and parameter values."""
+    family = kernels.FAMILIES["splitk"]
+    configs = family.accepted_configs()[::4999]
+    problem = Problem(333, 517, 10007)
+    x = matrix(family, configs, problem, H100)
+    assert x.shape == (len(configs), len(FEATURES))
+    assert len({tuple(row) for row in x[:, :FEATURES.index("prior_rate")]}) > 5  # varied rows
+    rate = FEATURES.index("prior_rate")
+    for row, config in zip(x, configs):
+        own = np.array(features(family, config, problem, H100))
+        assert np.array_equal(np.delete(row, rate), np.delete(own, rate), equal_nan=True)
+        assert row[rate] == pytest.approx(own[rate] / max(
+            features(family, c, problem, H100)[rate] for c in configs))
+        for param in family.params:
+            assert row[FEATURES.index(f"p_{param.name}")] == (
+                np.log2(config[param.name]) if config[param.name] > 0 else 0.0)
+    assert np.isnan(x[:, FEATURES.index("p_ASPLIT")]).all()  # wgmma's: split-K lacks it
+
+
 def test_the_fit_is_deterministic_with_a_fixed_seed(recordings):
     examples = examples_from_recordings(recordings)
     family = kernels.FAMILIES["vectorized"]

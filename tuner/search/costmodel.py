@@ -23,6 +23,7 @@ trees over program features.
 from __future__ import annotations
 
 import math
+import operator
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -70,6 +71,7 @@ FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in P
                              *TRANSFER_FEATURES)
 FAMILY_COLUMN = FEATURES.index("family")
 PRIOR_RATE = FEATURES.index("prior_rate")
+PARAM_COLUMNS = {name: FEATURES.index(f"p_{name}") for name in PARAMS}
 TRANSFER_COLUMNS = [FEATURES.index(name) for name in TRANSFER_FEATURES]
 
 # Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
@@ -100,14 +102,39 @@ class Example:
 
 def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target
              ) -> list[float]:
-    """The feature vector of one config (order: ``FEATURES``)."""
-    geom = geometry(family, config, problem.m, problem.n, problem.k)
-    family_index = (float(FAMILY_NAMES.index(family.name)) if family.name in FAMILY_NAMES
-                    else math.nan)
-    return [*_geometry_values(geom, problem, target), family_index,
-            *(math.log2(config[p]) if p in config and config[p] > 0
-              else (0.0 if p in config else math.nan) for p in PARAMS),
-            *(math.nan for _ in TRANSFER_FEATURES)]
+    """The feature vector of one config (order: ``FEATURES``; the prior's rate as estimated,
+    not divided as ``matrix`` divides it)."""
+    return _rows(family, [config], problem, target)[0].tolist()
+
+
+def _rows(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem, target: Target
+          ) -> np.ndarray:
+    """``features`` of each config, a row each. Column by column, not config by config: a
+    split-K space lists 214,440 configs, and building each row in Python took most of
+    ``matrix``'s time (bench/NOTES.md, session 32)."""
+    x = np.full((len(configs), len(FEATURES)), math.nan)
+    if not len(configs):
+        return x
+    # the launch geometry's columns once per geometry: configs of a family share few
+    seen: dict[Geometry, int] = {}
+    which = np.fromiter((seen.setdefault(geometry(family, c, problem.m, problem.n, problem.k),
+                                         len(seen)) for c in configs),
+                        dtype=np.intp, count=len(configs))
+    values = np.array([_geometry_values(g, problem, target) for g in seen], dtype=np.float64)
+    x[:, :len(GEOMETRY_FEATURES)] = values[which]
+    if family.name in FAMILY_NAMES:
+        x[:, FAMILY_COLUMN] = float(FAMILY_NAMES.index(family.name))
+    # every config names exactly the family's parameters (``geometry`` validated each one)
+    names = [param.name for param in family.params if param.name in PARAM_COLUMNS]
+    if names:
+        given = np.array([operator.itemgetter(*names)(c) for c in configs], dtype=np.float64
+                         ).reshape(len(configs), len(names))
+    for j, name in enumerate(names):
+        # log2 of each distinct value by math.log2, as one config's row always had it (0 for 0)
+        distinct, at = np.unique(given[:, j], return_inverse=True)
+        logs = np.array([math.log2(v) if v > 0 else 0.0 for v in distinct.tolist()])
+        x[:, PARAM_COLUMNS[name]] = logs[at.reshape(-1)]
+    return x
 
 
 # configs of a family share few launch geometries (split-K's 214,440: matrix 4.85 → 3.47 s)
@@ -151,7 +178,7 @@ def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
     """Feature rows of configs of one problem. The prior's rate is only an order within a
     problem: it is divided by its largest value among ``configs`` (pass every accepted config,
     or every measured one of a full recording, so that the two mean the same)."""
-    x = np.array([features(family, c, problem, target) for c in configs], dtype=np.float64)
+    x = _rows(family, configs, problem, target)
     if len(x):
         column = x[:, PRIOR_RATE]
         top = column.max()
