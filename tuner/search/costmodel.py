@@ -126,12 +126,13 @@ def _rows(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem, t
         x[:, FAMILY_COLUMN] = float(FAMILY_NAMES.index(family.name))
     # every config names exactly the family's parameters (``geometry`` validated each one)
     names = [param.name for param in family.params if param.name in PARAM_COLUMNS]
-    if names:
-        given = np.array([operator.itemgetter(*names)(c) for c in configs], dtype=np.float64
-                         ).reshape(len(configs), len(names))
-    for j, name in enumerate(names):
+    if not names:
+        return x
+    given = np.array([operator.itemgetter(*names)(c) for c in configs], dtype=np.float64
+                     ).reshape(len(configs), len(names))
+    for column, name in zip(given.T, names):
         # log2 of each distinct value by math.log2, as one config's row always had it (0 for 0)
-        distinct, at = np.unique(given[:, j], return_inverse=True)
+        distinct, at = np.unique(column, return_inverse=True)
         logs = np.array([math.log2(v) if v > 0 else 0.0 for v in distinct.tolist()])
         x[:, PARAM_COLUMNS[name]] = logs[at.reshape(-1)]
     return x
