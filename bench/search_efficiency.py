@@ -70,6 +70,7 @@ printed as a table and written as JSON.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import math
@@ -129,7 +130,7 @@ KT_NO_MAX_FEVALS = ("brute_force",)  # refuses the option; it walks the whole sp
 # A run that keeps re-serving known configs (greedy_ils needs a new config for every unique
 # evaluation and may loop on repeats) is cut after this many served results per config.
 KT_SERVED_PER_CONFIG = 50
-DEFAULT_OUT = ROOT / "bench" / "results" / "search_efficiency.json"
+DEFAULT_OUT = ROOT / "bench" / "results" / "search_efficiency.json.gz"
 RECORDINGS = BUNDLED_RECORDINGS
 
 
@@ -673,12 +674,29 @@ def target_check(rows: list[dict[str, Any]], kernel_tuner: list[dict[str, Any]] 
     return checks
 
 
+def read_output(path: str | Path) -> dict[str, Any]:
+    """An output of this script, plain JSON or gzipped (a name ending in .gz)."""
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as file:
+        return json.load(file)
+
+
+def write_output(path: Path, document: dict[str, Any]) -> None:
+    """``document`` as JSON, gzipped where the name ends in .gz: a replay of every recorded
+    pair writes megabytes of runs (a tenth of that gzipped)."""
+    text = json.dumps(document, indent=1, allow_nan=False)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as file:
+            file.write(text)
+    else:
+        path.write_text(text)
+
+
 def earlier_kernel_tuner(paths: list[str]) -> list[dict[str, Any]]:
     """The ``kernel_tuner_best`` rows of earlier outputs of this script, each marked with the
     file it came from."""
     rows = []
     for path in paths:
-        document = json.loads(Path(path).read_text())
+        document = read_output(path)
         if "kernel_tuner_best" not in document:
             raise ValueError(f"{path}: not an output of this script (no kernel_tuner_best)")
         rows += [{**row, "median": _unreached(row["median"]), "p90": _unreached(row["p90"]),
@@ -768,7 +786,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
     for name, why in meta.get("failed_samplers", {}).items():
         print(f"sampler {name} FAILED: {why}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_finite({
+    write_output(out, _finite({
         "what": "evaluations (measured candidates; rejected and repeated proposals cost "
                 "nothing and are not counted) needed to reach within 1/3/5% of the recorded "
                 "optimum; one tuner search loop per run, cold (no warm start) except the "
@@ -789,14 +807,14 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
         "summary": rows, "target": checks, "cross_model_target": cross_checks,
         "kernel_tuner_best": best_kt,
         "runs": results,
-    }), indent=1, allow_nan=False))
+    }))
     print(f"wrote {out}", file=sys.stderr)
 
 
 def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None = None) -> None:
     """One table from several earlier outputs (e.g. default+random uncapped, then Optuna's
     own samplers capped, run separately to fit a time budget)."""
-    documents = [json.loads(Path(p).read_text()) for p in paths]
+    documents = [read_output(p) for p in paths]
     results = [run for d in documents for run in d["runs"]]
     samplers = list(dict.fromkeys(s for d in documents for s in d["samplers"]))
     meta = {"seeds": max(d["seeds"] for d in documents), "samplers": samplers,
@@ -958,7 +976,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the static prior's compile bound per study (a replay reads the "
                              "recorded resources instead of compiling); default: the tuner's")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE",
+                        help="the output (JSON; gzipped where FILE ends in .gz, as the files "
+                             "--merge and --kernel-tuner-from read may be)")
     parser.add_argument("--kernel-tuner-from", nargs="+", default=[], metavar="JSON",
                         help="earlier outputs of this script whose best Kernel Tuner strategy "
                              "per pair joins the target check (Kernel Tuner's rows do not depend "

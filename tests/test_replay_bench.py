@@ -3,6 +3,7 @@ model, full accepted space of naive), checking what it counts and what it writes
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -48,9 +49,11 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
                        "--reference-max-evals", "3", "--workers", "1",
                        "--kernel-tuner", "none", "--out", str(capped)]) == 0
     assert {r["max_evals"] for r in json.loads(capped.read_text())["runs"]} == {3}
-    merged = tmp_path / "merged.json"
+    merged = tmp_path / "merged.json.gz"  # gzipped by its name, and read back as merged
     assert bench.main(["--merge", str(out), str(capped), "--out", str(merged)]) == 0
-    combined = json.loads(merged.read_text())
+    with gzip.open(merged, "rt") as file:
+        combined = json.load(file)
+    assert bench.read_output(merged) == combined
     assert combined["samplers"] == ["default", "random", "tpe"] and len(combined["runs"]) == 6
     assert {r["sampler"]: r["max_evals"] for r in combined["summary"]}["tpe"] == 3
     assert len(combined["target"]) == 1
@@ -61,12 +64,12 @@ def test_two_seeds_count_measured_candidates_and_write_json(tmp_path, capsys):
     pair = {k: document["target"][0][k] for k in ("recording", "family", "shape")}
     default_median = document["target"][0]["default_median"]
     for median, kt_met in ((default_median * 2, True), (default_median * 2 - 1, False)):
-        earlier = tmp_path / f"kt-{median}.json"
-        earlier.write_text(json.dumps({"kernel_tuner_best": [
+        earlier = tmp_path / (f"kt-{median}.json" + (".gz" if kt_met else ""))
+        bench.write_output(earlier, {"kernel_tuner_best": [
             {**pair, "strategy": "kt:other", "median": None, "p90": None, "runs": 2,
              "max_evals": space},
             {**pair, "strategy": "kt:pso", "median": median, "p90": median, "runs": 2,
-             "max_evals": space}]}))
+             "max_evals": space}]})
         checked = tmp_path / f"checked-{median}.json"
         assert bench.main(["--merge", str(out), "--kernel-tuner-from", str(earlier),
                            "--out", str(checked)]) == 0
