@@ -676,7 +676,7 @@ def target_check(rows: list[dict[str, Any]], kernel_tuner: list[dict[str, Any]] 
 
 def read_output(path: str | Path) -> dict[str, Any]:
     """An output of this script, plain JSON or gzipped (a name ending in .gz)."""
-    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as file:
+    with (gzip.open(path, "rt") if Path(path).suffix == ".gz" else open(path)) as file:
         return json.load(file)
 
 
