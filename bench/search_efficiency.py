@@ -70,7 +70,6 @@ printed as a table and written as JSON.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import logging
 import math
@@ -88,7 +87,8 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.measure.recording import BUNDLED_RECORDINGS, Recording, load  # noqa: E402
+from tuner.measure.recording import (BUNDLED_RECORDINGS, Recording, load,  # noqa: E402
+                                      read_json, write_json)
 from tuner.problem import Problem  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 # LEARNING: they learn from the other recordings (leave-one-out); ``default`` is the model on
@@ -674,21 +674,13 @@ def target_check(rows: list[dict[str, Any]], kernel_tuner: list[dict[str, Any]] 
     return checks
 
 
-def read_output(path: str | Path) -> dict[str, Any]:
-    """An output of this script, plain JSON or gzipped (a name ending in .gz)."""
-    with (gzip.open(path, "rt") if Path(path).suffix == ".gz" else open(path)) as file:
-        return json.load(file)
+# Outputs of this script are written as recordings are: gzipped where the name ends in .gz (a
+# replay of every recorded pair writes megabytes of runs, a tenth of that gzipped).
+read_output = read_json
 
 
 def write_output(path: Path, document: dict[str, Any]) -> None:
-    """``document`` as JSON, gzipped where the name ends in .gz: a replay of every recorded
-    pair writes megabytes of runs (a tenth of that gzipped)."""
-    text = json.dumps(document, indent=1, allow_nan=False)
-    if path.suffix == ".gz":
-        with gzip.open(path, "wt") as file:
-            file.write(text)
-    else:
-        path.write_text(text)
+    write_json(path, document, indent=1)
 
 
 def earlier_kernel_tuner(paths: list[str]) -> list[dict[str, Any]]:
@@ -785,7 +777,6 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
         print(f"skipped {text}")
     for name, why in meta.get("failed_samplers", {}).items():
         print(f"sampler {name} FAILED: {why}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_output(out, _finite({
         "what": "evaluations (measured candidates; rejected and repeated proposals cost "
                 "nothing and are not counted) needed to reach within 1/3/5% of the recorded "

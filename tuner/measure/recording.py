@@ -235,17 +235,7 @@ class Recording:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        data = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        if path.suffix == ".gz":
-            # mtime=0: the same recording gives the same bytes (clean diffs, stable hashes)
-            tmp.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(path)  # never a half-written recording under the real name
-        return path
+        return write_json(path, self.to_json(), separators=(",", ":"))
 
 
 def _json_safe(values: list[Any]) -> list[Any]:
@@ -413,6 +403,30 @@ def from_json(data: Any, source: str = "recording") -> Recording:
                      created_at=model.created_at, note=model.note)
 
 
+def write_json(path: str | Path, data: Any, **dumps: Any) -> Path:
+    """``data`` as JSON (``dumps``: ``json.dumps``'s options), gzip-compressed where the name
+    ends in .gz, through a temporary name: a reader never sees half a file under the real one.
+    mtime 0: the same data gives the same bytes (clean diffs, stable hashes)."""
+    path = Path(path)
+    text = json.dumps(data, allow_nan=False, **dumps).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_bytes(gzip.compress(text, compresslevel=9, mtime=0) if path.suffix == ".gz"
+                    else text)
+    tmp.replace(path)
+    return path
+
+
+def json_from_bytes(raw: bytes) -> Any:
+    """JSON from a file's bytes, gzip-compressed (told by its first two bytes) or plain."""
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def read_json(path: str | Path) -> Any:
+    """A file ``write_json`` wrote (or any JSON file, gzipped or plain)."""
+    return json_from_bytes(Path(path).read_bytes())
+
+
 def load(path: str | Path) -> Recording:
     path = Path(path)
     try:
@@ -420,8 +434,7 @@ def load(path: str | Path) -> Recording:
     except OSError as error:
         raise RecordingError(f"cannot read recording {str(path)!r}: {error.strerror}") from None
     try:
-        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        data = json.loads(text)
+        data = json_from_bytes(raw)
     except (OSError, EOFError, ValueError) as error:
         raise RecordingError(f"{path}: not a gzip-compressed or plain JSON recording "
                              f"({error})") from None
