@@ -3,6 +3,8 @@ analytic stand-in evaluator in place of a GPU."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import db
 import kernels
 import optuna
@@ -10,11 +12,12 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.lifetime import StopRequest
+from tuner.measure.evaluator import OK
 from tuner.measure.testing import StandInEvaluator, model_gflops
 from tuner.problem import Problem, config_key
 from tuner.run.session import tune_all
 from tuner.search.space import config_from_params
-from tuner.search.study import Budget, Session, run_study, study_name
+from tuner.search.study import Budget, Session, _Known, _Tally, run_study, study_name
 
 NAIVE = kernels.FAMILIES["naive"]
 SMEM = kernels.FAMILIES["smem"]
@@ -223,6 +226,24 @@ def test_patience_stops_a_study_that_no_longer_improves(store):
     outcome = run_study(session_for(store, evaluator), NAIVE, P1024,
                         Budget(trials=30, timeout_s=None, patience=4))
     assert outcome.stop_reason == "patience" and outcome.measured == 5
+
+
+def test_the_best_is_the_fastest_measured_while_patience_needs_a_real_gain():
+    """A config 0.3 % faster than the best is the new best (the database says so too), but
+    timing noise of that size does not restart the patience count."""
+    def known(value: float, state: str = OK) -> _Known:
+        stored: Future[int] = Future()
+        stored.set_result(0)
+        return _Known(stored, state, value, 0.0)
+
+    tally = _Tally()
+    for value, state in [(100.0, OK), (200.0, "wrong_result"), (100.3, OK), (99.0, OK)]:
+        tally.add(known(value, state), {"V": int(value * 10)})
+    assert tally.best is not None and tally.best.value == 100.3
+    assert tally.best_config == {"V": 1003}
+    assert tally.measured == 4 and tally.since_best == 3
+    tally.add(known(101.0), {"V": 1010})  # 0.7 % above the mark of 100: a gain
+    assert tally.best_config == {"V": 1010} and tally.since_best == 0
 
 
 def test_time_budget_stops_a_study(store):

@@ -311,21 +311,26 @@ def ranks_prior(sampler: str, family: Any, unit: Unit, measured: Iterable[Unit])
 
 @dataclass
 class _Tally:
-    """The measured configs of a study and its best so far, fed in trial order."""
+    """The measured configs of a study and its best so far, fed in trial order. `best` is the
+    fastest measured; `since_best` counts the configs since one beat the mark by MIN_GAIN."""
 
     measured: int = 0
     since_best: int = 0
     best: _Known | None = None
     best_config: dict[str, int] | None = None
+    mark: float | None = None  # the value the patience count last restarted at
 
     def add(self, result: _Known, config: dict[str, int]) -> None:
         if result.state == REJECTED:
             return
         self.measured += 1
         self.since_best += 1
-        if result.state == OK and (self.best is None
-                                   or result.value > self.best.value * (1 + MIN_GAIN)):
-            self.best, self.best_config, self.since_best = result, dict(config), 0
+        if result.state != OK:
+            return
+        if self.best is None or result.value > self.best.value:
+            self.best, self.best_config = result, dict(config)
+        if self.mark is None or result.value > self.mark * (1 + MIN_GAIN):
+            self.mark, self.since_best = result.value, 0
 
 
 # Called by a run once it asks for nothing more and its last candidates are with the GPU child.
