@@ -79,6 +79,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -807,8 +808,17 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
     own samplers capped, run separately to fit a time budget)."""
     documents = [read_output(p) for p in paths]
     results = [run for d in documents for run in d["runs"]]
+    # runs of one row may come from several outputs (--first-seed), but each seed only once
+    runs = Counter((r["recording"], r["family"], r["shape"], r["sampler"], r["seed"])
+                   for r in results)
+    twice = [key for key, count in runs.items() if count > 1]
+    if twice:
+        raise SystemExit(f"--merge: {len(twice)} runs are in more than one output, e.g. "
+                         f"{' '.join(map(str, twice[0]))} (recording, family, shape, sampler, "
+                         f"seed); merge outputs of different seeds or rows")
+    per_row = Counter(key[:4] for key in runs)
     samplers = list(dict.fromkeys(s for d in documents for s in d["samplers"]))
-    meta = {"seeds": max(d["seeds"] for d in documents), "samplers": samplers,
+    meta = {"seeds": max(per_row.values(), default=0), "samplers": samplers,
             "skipped_samplers": {k: v for d in documents
                                  for k, v in d.get("skipped_samplers", {}).items()
                                  if k not in samplers},
@@ -918,7 +928,8 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
                          cap if s in UNCAPPED or s.startswith(KT)
                          else min(cap, args.reference_max_evals or cap),
                          same, other if s == XMODEL else (), args.batch, args.prior_compiles)
-                     for s in runs for seed in range(args.seeds)]
+                     for s in runs
+                     for seed in range(args.first_seed, args.first_seed + args.seeds)]
     return jobs, caps, unusable
 
 
@@ -936,6 +947,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
                         help="only these kernel families of the recordings (default: all)")
     parser.add_argument("--seeds", type=int, default=20, help="runs per sampler (default: 20)")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="S",
+                        help="the runs' seeds are S, S+1, ... (default: 0); runs of one pair "
+                             "split this way --merge into the rows of one run")
     parser.add_argument("--max-evals", type=int, default=None, metavar="N",
                         help="measured candidates per run at most (default: the whole space)")
     parser.add_argument("--reference-max-evals", type=int, default=None, metavar="N",

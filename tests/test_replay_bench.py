@@ -176,3 +176,37 @@ def test_prior_compiles_reaches_the_replayed_prior(tmp_path, monkeypatch):
                        "--prior-compiles", "5", "--workers", "1", "--kernel-tuner", "none",
                        "--out", str(out)]) == 0
     assert json.loads(out.read_text())["prior_compiles"] == 5
+
+
+def test_runs_split_by_first_seed_merge_into_the_rows_of_one_run(tmp_path, capsys):
+    """--first-seed 1 --seeds 1 plus --seeds 1 gives the runs of --seeds 2; a seed in two merged
+    outputs is refused, and nothing is written."""
+    naive = kernels.FAMILIES["naive"]
+    recording = record_with_evaluator(StandInEvaluator(), [naive], [Problem(96, 80, 64)],
+                                      max_configs=1000)
+    path = str(recording.save(tmp_path / "fixture.json.gz"))
+    bench = search_efficiency()
+    common = ["--recording", path, "--samplers", "default", "random", "--workers", "1",
+              "--kernel-tuner", "none"]
+    outs = {name: tmp_path / f"{name}.json" for name in ("both", "first", "second", "merged")}
+    assert bench.main([*common, "--seeds", "2", "--out", str(outs["both"])]) == 0
+    assert bench.main([*common, "--seeds", "1", "--out", str(outs["first"])]) == 0
+    assert bench.main([*common, "--seeds", "1", "--first-seed", "1",
+                       "--out", str(outs["second"])]) == 0
+    assert bench.main(["--merge", str(outs["first"]), str(outs["second"]),
+                       "--out", str(outs["merged"])]) == 0
+    both, merged = (json.loads(outs[n].read_text()) for n in ("both", "merged"))
+
+    def runs(document):
+        return sorted((r["sampler"], r["seed"], r["evaluations"], r["reached"]["3%"])
+                      for r in document["runs"])
+    assert runs(merged) == runs(both) and {r["seed"] for r in both["runs"]} == {0, 1}
+    def rows(document):  # (the seconds a run took differ)
+        return [{k: v for k, v in row.items() if k != "seconds_per_run"}
+                for row in document["summary"]]
+    assert merged["seeds"] == 2 and rows(merged) == rows(both)
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="more than one output"):
+        bench.main(["--merge", str(outs["first"]), str(outs["both"]),
+                    "--out", str(tmp_path / "never.json")])
+    assert not (tmp_path / "never.json").exists()
