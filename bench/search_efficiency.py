@@ -933,7 +933,8 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
     return jobs, caps, unusable
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (its defaults are what ``plan`` reads where an option is not given)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recording", action="append", default=[], metavar="FILE",
                         help=f"recording(s) to use (default: every *.json.gz in {RECORDINGS})")
@@ -993,6 +994,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="run nothing: one table (printed and written to --out) from the "
                              "runs of earlier outputs of this script")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     try:
         earlier_kt = earlier_kernel_tuner(args.kernel_tuner_from)

@@ -42,9 +42,10 @@ def paths(tmp_path_factory) -> tuple[str, str]:
 
 
 def options(**changes: Any) -> argparse.Namespace:
-    defaults = dict(family=[], max_evals=None, reference_max_evals=None, warm_start=True,
-                    cross_model=True, seeds=1, batch=1, prior_compiles=None)
-    return argparse.Namespace(**(defaults | changes))
+    """The benchmark's own defaults, with both extra rows, one seed and ``changes``."""
+    defaults = vars(search_efficiency().arguments().parse_args([]))
+    return argparse.Namespace(**(defaults | dict(warm_start=True, cross_model=True, seeds=1)
+                                 | changes))
 
 
 def the_job(paths: tuple[str, str], recording: str, sampler: str) -> Any:
