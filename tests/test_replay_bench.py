@@ -201,6 +201,7 @@ def test_runs_split_by_first_seed_merge_into_the_rows_of_one_run(tmp_path, capsy
         return sorted((r["sampler"], r["seed"], r["evaluations"], r["reached"]["3%"])
                       for r in document["runs"])
     assert runs(merged) == runs(both) and {r["seed"] for r in both["runs"]} == {0, 1}
+
     def rows(document):  # (the seconds a run took differ)
         return [{k: v for k, v in row.items() if k != "seconds_per_run"}
                 for row in document["summary"]]
