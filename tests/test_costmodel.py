@@ -18,12 +18,14 @@ from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.measure.replay import ReplayEvaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
-from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, TRANSFER_FEATURES, CostModel,
-                                    Example, Transfer, features, matrix, shape_distance)
-from tuner.search.learned import (TRUST_AFTER, Bases, LearnedSpace, breadth_first,
-                                  decompositions, examples_for_study, examples_from_database,
-                                  examples_from_recordings, model_picks, problem_held_out,
-                                  space_rows)
+from tuner.search.costmodel import (FEATURES, MAX_ITER, TRANSFER_COLUMNS, TRANSFER_FEATURES,
+                                    CostModel, Example, Transfer, features, matrix,
+                                    shape_distance)
+from tuner.search.learned import (LARGE_FAMILIES, LARGE_FROM_SHAPES, LARGE_ROUNDS, TRUST_AFTER, Bases,
+                                  LearnedSpace, breadth_first, decompositions,
+                                  examples_for_study, examples_from_database,
+                                  examples_from_recordings, model_picks, offline_model,
+                                  problem_held_out, space_rows)
 from tuner.search.prior import Target
 from tuner.search.study import Budget, Session, run_study
 from bench_support import search_efficiency
@@ -518,8 +520,8 @@ def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
 
 
 def _example(problem: Problem, config: dict[str, int], gflops: float, gpu: str = "H100",
-             target: Target = H100) -> Example:
-    return Example(gpu, target, "warptile", config, problem, gflops)
+             target: Target = H100, family: str = "warptile") -> Example:
+    return Example(gpu, target, family, config, problem, gflops)
 
 
 def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
@@ -554,6 +556,34 @@ def test_transfer_reads_the_nearest_other_shape_that_measured_each_config():
     assert same[0, FEATURES.index("near_rate")] == 0.5
     # matrix leaves the columns unset until filled
     assert np.isnan(matrix(family, [a], mid, H100)[:, TRANSFER_COLUMNS]).all()
+
+
+def test_the_examples_fit_is_larger_where_they_hold_the_family_at_many_shapes():
+    """LARGE_ROUNDS from LARGE_FROM_SHAPES (GPU model, shape) units of the searched family on,
+    for LARGE_FAMILIES only; other families' shapes do not count; the copies the two fits are
+    made from keep the size."""
+    assert {"pipelined", "splitk", "skinny"} == LARGE_FAMILIES
+    family = kernels.FAMILIES["pipelined"]
+    config = dict(family.accepted_configs()[0])
+    shapes = [Problem(512 * i, 1024, 1024) for i in range(1, LARGE_FROM_SHAPES + 1)]
+    few = [_example(p, config, 10.0, family="pipelined") for p in shapes[:-1]]
+    assert offline_model(few, "pipelined", 0).rounds == MAX_ITER
+    assert offline_model(few, "splitk", 0).rounds == MAX_ITER  # none of that family
+    many = few + [_example(shapes[-1], config, 10.0, family="pipelined")]
+    model = offline_model(many, "pipelined", 0)
+    assert model.rounds == LARGE_ROUNDS > MAX_ITER and model.rows == len(many)
+    assert model.copy(ignored=TRANSFER_COLUMNS).rounds == LARGE_ROUNDS
+    assert offline_model(many, "splitk", 0).rounds == MAX_ITER
+    # the same shapes on another GPU model are other units
+    split = few + [_example(shapes[0], config, 10.0, family="pipelined", gpu="A100",
+                            target=Target(108, "sm_80"))]
+    assert offline_model(split, "pipelined", 0).rounds == LARGE_ROUNDS
+    # and the fit boosts that many rounds
+    assert model.fit()._model.n_iter_ == LARGE_ROUNDS
+    # a family outside LARGE_FAMILIES keeps the default, however many shapes
+    tf32x3 = dict(kernels.FAMILIES["tf32x3"].accepted_configs()[0])
+    held = [_example(p, tf32x3, 10.0, family="tf32x3") for p in shapes]
+    assert offline_model(held, "tf32x3", 0).rounds == MAX_ITER
 
 
 def test_a_searched_problems_own_measurements_never_reach_its_transfer_columns(recordings):

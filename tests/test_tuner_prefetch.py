@@ -277,20 +277,21 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
     distributions = space.distributions(skinny)
     kept = capped(examples, "skinny", seed=session.seed)
     seed = _seed_for(session.seed, 0)
-    ahead = ModelSampler(LearnedSpace(positions, prepared.features, kept, prepared.fitted),
-                         distributions, [], seed)
-    here = ModelSampler(LearnedSpace(positions, prepared.features, kept), distributions, [], seed)
+    ahead = ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny",
+                                      prepared.fitted), distributions, [], seed)
+    here = ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny"), distributions,
+                        [], seed)
     assert here.scores is None
     here._refit([])  # what its first ask does
     assert ahead.scores is not None and np.array_equal(ahead.scores, here.scores)
     assert (ahead.fits, ahead.fitted_on) == (here.fits, here.fitted_on) == (1, 0)
 
     with pytest.raises(ValueError, match="other examples or another seed"):
-        ModelSampler(LearnedSpace(positions, prepared.features, kept[:-1], prepared.fitted),
-                     distributions, [], seed)
+        ModelSampler(LearnedSpace(positions, prepared.features, kept[:-1], "skinny",
+                                  prepared.fitted), distributions, [], seed)
     with pytest.raises(ValueError, match="other examples or another seed"):
-        ModelSampler(LearnedSpace(positions, prepared.features, kept, prepared.fitted),
-                     distributions, [], seed + 1)
+        ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny",
+                                  prepared.fitted), distributions, [], seed + 1)
 
 
 def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp_path, caplog):

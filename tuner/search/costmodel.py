@@ -75,7 +75,9 @@ PARAM_COLUMNS = {name: FEATURES.index(f"p_{name}") for name in PARAMS}
 TRANSFER_COLUMNS = [FEATURES.index(name) for name in TRANSFER_FEATURES]
 
 # Boosting set-up: small trees, few rounds (a few thousand examples; fitting must stay well
-# under a second on one core, as the sampler refits during a study).
+# under a second on one core, as the sampler refits during a study). A study's fit on the
+# examples of other problems boosts more rounds where those hold its family at many shapes
+# (learned.offline_model).
 MAX_ITER = 80
 LEARNING_RATE = 0.1
 MAX_LEAF_NODES = 15
@@ -274,9 +276,11 @@ class CostModel:
     best. ``fit`` on examples (normalised per unit); ``add`` rows normalised by the caller
     (a study's own measurements, weighted)."""
 
-    def __init__(self, seed: int | None = 0, ignored: Sequence[int] = ()) -> None:
+    def __init__(self, seed: int | None = 0, ignored: Sequence[int] = (),
+                 rounds: int = MAX_ITER) -> None:
         self.seed = _seed(seed)
         self.ignored = tuple(ignored)  # feature columns the fit leaves out
+        self.rounds = rounds  # boosting rounds of the fit
         self._rows: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
         self._weights: list[np.ndarray] = []
@@ -286,7 +290,7 @@ class CostModel:
     def copy(self, ignored: Sequence[int] | None = None) -> CostModel:
         """The same rows, unfitted (rows are shared: they are never changed in place);
         ``ignored``: columns the copy's fit leaves out (default: this one's)."""
-        other = CostModel(self.seed, self.ignored if ignored is None else ignored)
+        other = CostModel(self.seed, self.ignored if ignored is None else ignored, self.rounds)
         other._rows, other._targets = list(self._rows), list(self._targets)
         other._weights = list(self._weights)
         return other
@@ -333,7 +337,7 @@ class CostModel:
         categorical[FAMILY_COLUMN] = True
         categorical = categorical[self._columns]
         self._model = _boosted(self.seed, min(MIN_SAMPLES_LEAF, max(1, len(x) // 4)),
-                               categorical)
+                               categorical, self.rounds)
         # one thread: deterministic, and the CPU's other cores are compiling candidates
         with threadpool_limits(1):
             self._model.fit(x, y, sample_weight=w)
@@ -381,12 +385,13 @@ def _seed(seed: int | None) -> int:
     return 0 if seed is None else int(seed) % (2**32)
 
 
-def _boosted(seed: int, min_samples_leaf: int, categorical: np.ndarray | None = None) -> Any:
-    """The boosted trees both models fit (``MAX_ITER`` and its kin), seeded."""
+def _boosted(seed: int, min_samples_leaf: int, categorical: np.ndarray | None = None,
+             rounds: int = MAX_ITER) -> Any:
+    """The boosted trees both models fit (``MAX_ITER`` rounds and its kin), seeded."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     return HistGradientBoostingRegressor(
-        max_iter=MAX_ITER, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
+        max_iter=rounds, learning_rate=LEARNING_RATE, max_leaf_nodes=MAX_LEAF_NODES,
         min_samples_leaf=min_samples_leaf, categorical_features=categorical,
         early_stopping=False, random_state=seed)
 

@@ -45,7 +45,7 @@ import kernels
 
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, CostModel, Correction, Example,
-                                    Transfer, Unit, matrix)
+                                    MAX_ITER, Transfer, Unit, matrix)
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,13 @@ STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitte
 # then it alternates between them.
 TRUST_AFTER = 8
 MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``)
+# For these families, where the examples hold the family at LARGE_FROM_SHAPES shapes or more,
+# the fit on them boosts LARGE_ROUNDS rounds instead of costmodel.MAX_ITER: the cap's 10,000
+# rows carry more trees than the few thousand the default was sized for. tf32x3 lost pairs
+# with it (bench/NOTES.md, sessions 34-35).
+LARGE_FAMILIES = frozenset({"pipelined", "splitk", "skinny"})
+LARGE_FROM_SHAPES = 4
+LARGE_ROUNDS = 200
 # Configs of one geometry group (same block tile, threads, split) in flight at once, at most,
 # while another group has an unseen config: as many as the prior's start-up measures per group.
 PENDING_PER_GROUP = PER_GROUP
@@ -300,8 +307,7 @@ def prepare_fit(family: str, examples: Sequence[Example], x: np.ndarray, seed: i
                 ) -> PreparedFit:
     """What ``ModelSampler`` computes at its first ask from these examples (``x``: the feature
     rows of the study's accepted configs)."""
-    offline = CostModel(seed)
-    offline.add_examples(examples)
+    offline = offline_model(examples, family, seed)
     bases = (Bases.fit(offline, x)
              if offline.rows and learns_family(examples, family) else None)
     return PreparedFit(fit_key(seed, examples), offline, bases)
@@ -316,6 +322,7 @@ class LearnedSpace:
     configs: Sequence[Mapping[str, int]]
     x: np.ndarray
     examples: Sequence[Example]
+    family: str  # the searched family's name
     fitted: PreparedFit | None = None
 
     @classmethod
@@ -325,7 +332,7 @@ class LearnedSpace:
         """``accepted``: configs (values); ``positions``: the same configs as study params."""
         x = matrix(family, accepted, problem, target)
         return cls(list(positions), space_rows(family.name, x, accepted, problem, target,
-                                               examples), list(examples))
+                                               examples), list(examples), family.name)
 
 
 def space_rows(family: str, x: np.ndarray, accepted: Sequence[Mapping[str, int]],
@@ -381,8 +388,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         if fitted is not None and fitted.key != fit_key(seed, learned.examples):
             raise ValueError("the prepared fit is of other examples or another seed")
         if fitted is None:
-            self.offline = CostModel(seed)
-            self.offline.add_examples(learned.examples)
+            self.offline = offline_model(learned.examples, learned.family, seed)
         else:
             self.offline = fitted.offline
         self.names = list(self.varying)
@@ -565,6 +571,17 @@ def _corrected(bases: Bases, x: np.ndarray, rows: Sequence[int], rates: np.ndarr
 # the static prior's picks (measured on 13 recorded pairs, bench/NOTES.md: the model wins where
 # another shape of the same family transfers, the prior where none does).
 HYBRID_PICKS = 3
+
+
+def offline_model(examples: Sequence[Example], family: str, seed: int | None) -> CostModel:
+    """The examples of other problems as the rows of one model, unfitted: of ``LARGE_ROUNDS``
+    for a family of ``LARGE_FAMILIES`` that they hold at ``LARGE_FROM_SHAPES`` shapes or more,
+    else the default."""
+    shapes = {e.unit for e in examples if e.family == family}
+    large = family in LARGE_FAMILIES and len(shapes) >= LARGE_FROM_SHAPES
+    model = CostModel(seed, rounds=LARGE_ROUNDS if large else MAX_ITER)
+    model.add_examples(examples)
+    return model
 
 
 def learns_family(examples: Sequence[Example], family: str) -> bool:

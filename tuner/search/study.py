@@ -459,7 +459,7 @@ class StudyRun:
             if fitted is None:  # its transfer columns are of no examples, or of others
                 features = space_rows(self.family.name, features, self.accepted_all,
                                       self.problem, target, examples)
-            return LearnedSpace(positions, features, examples, fitted)
+            return LearnedSpace(positions, features, examples, self.family.name, fitted)
         return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
                                   examples)
 
