@@ -21,8 +21,8 @@ from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, MAX_ITER, TRANSFER_COLUMNS, TRANSFER_FEATURES,
                                     CostModel, Example, Transfer, features, matrix,
                                     shape_distance)
-from tuner.search.learned import (LARGE_FAMILIES, LARGE_FROM_SHAPES, LARGE_ROUNDS, TRUST_AFTER, Bases,
-                                  LearnedSpace, breadth_first, decompositions,
+from tuner.search.learned import (LARGE_FAMILIES, LARGE_FROM_SHAPES, LARGE_ROUNDS, TRUST_AFTER,
+                                  Bases, LearnedSpace, breadth_first, decompositions,
                                   examples_for_study, examples_from_database,
                                   examples_from_recordings, model_picks, offline_model,
                                   problem_held_out, space_rows)
