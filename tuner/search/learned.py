@@ -576,9 +576,9 @@ HYBRID_PICKS = 3
 def offline_model(examples: Sequence[Example], family: str, seed: int | None) -> CostModel:
     """The examples of other problems as the rows of one model, unfitted: of ``LARGE_ROUNDS``
     for a family of ``LARGE_FAMILIES`` that they hold at ``LARGE_FROM_SHAPES`` shapes or more,
-    else the default."""
-    shapes = {e.unit for e in examples if e.family == family}
-    large = family in LARGE_FAMILIES and len(shapes) >= LARGE_FROM_SHAPES
+    else the default. A shape counts once per GPU model (its unit)."""
+    units = {e.unit for e in examples if e.family == family}
+    large = family in LARGE_FAMILIES and len(units) >= LARGE_FROM_SHAPES
     model = CostModel(seed, rounds=LARGE_ROUNDS if large else MAX_ITER)
     model.add_examples(examples)
     return model
