@@ -7,6 +7,9 @@
     python bench/search_efficiency.py --samplers tpe cmaes --reference-max-evals 40 --out tc.json
     python bench/search_efficiency.py --samplers gp --family vectorized --reference-max-evals 40 --out gp.json
     python bench/search_efficiency.py --merge dr.json tc.json gp.json
+    # a table grown by new pairs: their random runs, and Kernel Tuner's rows by reference
+    python bench/search_efficiency.py --merge table.json new-default.json new-random-kt.json \
+        --merge-samplers default random --kernel-tuner-from new-random-kt.json
     # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
@@ -803,10 +806,20 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
     print(f"wrote {out}", file=sys.stderr)
 
 
-def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None = None) -> None:
+def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None = None,
+          keep: list[str] | None = None) -> None:
     """One table from several earlier outputs (e.g. default+random uncapped, then Optuna's
-    own samplers capped, run separately to fit a time budget)."""
+    own samplers capped, run separately to fit a time budget); with ``keep``, only those
+    samplers' runs (e.g. the random runs of a random + Kernel Tuner output, whose Kernel Tuner
+    rows join the check through ``earlier_kt`` instead)."""
     documents = [read_output(p) for p in paths]
+    if keep:
+        held = {r["sampler"] for d in documents for r in d["runs"]}
+        absent = [name for name in keep if name not in held]
+        if absent:
+            raise SystemExit(f"--merge-samplers: no run of {', '.join(absent)} in the merged "
+                             f"outputs; they hold {', '.join(sorted(held))}")
+        documents = [_only(d, set(keep)) for d in documents]
     results = [run for d in documents for run in d["runs"]]
     # runs of one row may come from several outputs (--first-seed), but each seed only once
     runs = Counter((r["recording"], r["family"], r["shape"], r["sampler"], r["seed"])
@@ -833,6 +846,15 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out, earlier_kt)
+
+
+def _only(document: dict[str, Any], samplers: set[str]) -> dict[str, Any]:
+    """An output cut to the runs, and the skipped or failed notes, of these samplers."""
+    return {**document,
+            "runs": [r for r in document["runs"] if r["sampler"] in samplers],
+            "samplers": [s for s in document["samplers"] if s in samplers],
+            **{key: {k: v for k, v in document.get(key, {}).items() if k in samplers}
+               for key in ("skipped_samplers", "failed_samplers")}}
 
 
 def _quiet_worker() -> None:
@@ -994,6 +1016,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="run nothing: one table (printed and written to --out) from the "
                              "runs of earlier outputs of this script")
+    parser.add_argument("--merge-samplers", nargs="+", default=None, metavar="NAME",
+                        help="with --merge: only these samplers' runs, e.g. 'default random' to "
+                             "take the random runs of a random + Kernel Tuner output whose "
+                             "Kernel Tuner rows join through --kernel-tuner-from (default: "
+                             "every run)")
     return parser
 
 
@@ -1004,8 +1031,10 @@ def main(argv: list[str] | None = None) -> int:
         earlier_kt = earlier_kernel_tuner(args.kernel_tuner_from)
     except (OSError, ValueError) as error:
         parser.error(f"--kernel-tuner-from: {error}")
+    if args.merge_samplers and not args.merge:
+        parser.error("--merge-samplers needs --merge (it picks runs of the merged outputs)")
     if args.merge:
-        merge(args.merge, Path(args.out), earlier_kt)
+        merge(args.merge, Path(args.out), earlier_kt, args.merge_samplers)
         return 0
 
     paths = args.recording or [str(p) for p in sorted(RECORDINGS.glob("*.json.gz"))]

@@ -211,3 +211,34 @@ def test_runs_split_by_first_seed_merge_into_the_rows_of_one_run(tmp_path, capsy
         bench.main(["--merge", str(outs["first"]), str(outs["both"]),
                     "--out", str(tmp_path / "never.json")])
     assert not (tmp_path / "never.json").exists()
+
+
+def test_merge_samplers_keeps_only_the_named_samplers_runs(tmp_path, capsys):
+    """--merge-samplers cuts every merged output to the named samplers' runs and notes (a
+    failure note of a dropped sampler goes with it); a name with no run, or the option without
+    --merge, is a clear error that writes nothing."""
+    naive = kernels.FAMILIES["naive"]
+    recording = record_with_evaluator(StandInEvaluator(), [naive], [Problem(96, 80, 64)],
+                                      max_configs=1000)
+    path = str(recording.save(tmp_path / "fixture.json.gz"))
+    bench = search_efficiency()
+    both = tmp_path / "both.json"
+    assert bench.main(["--recording", path, "--samplers", "default", "random", "--seeds", "2",
+                       "--workers", "1", "--kernel-tuner", "none", "--out", str(both)]) == 0
+    noted = tmp_path / "noted.json"  # as a random + Kernel Tuner output with a failed strategy
+    bench.write_output(noted, {**json.loads(both.read_text()),
+                               "failed_samplers": {"kt:skopt": "needs skopt"}})
+    kept = tmp_path / "kept.json"
+    assert bench.main(["--merge", str(noted), "--merge-samplers", "random",
+                       "--out", str(kept)]) == 0
+    document = json.loads(kept.read_text())
+    assert {r["sampler"] for r in document["runs"]} == {"random"} and len(document["runs"]) == 2
+    assert document["samplers"] == ["random"] and document["failed_samplers"] == {}
+    assert document["target"] == []  # no default row left to check
+    capsys.readouterr()
+    for argv, message in ((["--merge", str(both), "--merge-samplers", "tpe"], "no run of tpe"),
+                          (["--merge-samplers", "random"], "needs --merge")):
+        with pytest.raises(SystemExit) as stopped:  # merge's own message, or argparse's
+            bench.main([*argv, "--out", str(tmp_path / "never.json")])
+        assert message in f"{stopped.value.code} {capsys.readouterr().err}"
+        assert not (tmp_path / "never.json").exists()
