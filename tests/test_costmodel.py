@@ -252,15 +252,25 @@ def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewh
     assert model_picks(others, "tf32x3", 3, seed=0) == []
 
 
-def _first_window_groups(tmp_path: Path, recordings, name: str) -> list[int]:
+# What the window test learns from: the recordings bundled when the rule was made (session
+# 13), pinned, since whether the model's unspread top 17 crowd a group depends on the data,
+# and each new bundled file would otherwise move the test's premise (session 38's did).
+WINDOW_RECORDINGS = [BUNDLED_RECORDINGS / f"{name}.json.gz" for name in (
+    "h100-pipelined", "h100-skinny", "h100-splitk", "h100-tf32x3-kheavy", "h100-tf32x3",
+    "h100-warptile-vectorized-1023x1025x999", "h100-warptile-vectorized", "h200-skinny",
+    "h200-splitk", "h200-tf32x3-kheavy")]
+
+
+def _first_window_groups(tmp_path: Path, name: str) -> list[int]:
     """A replayed model-sampler study of warptile with 17 candidates in flight (the H100 host's
-    window), learning from the other recordings: how many of the first window's configs fall
-    in each geometry group, largest first."""
+    window), learning from the other WINDOW_RECORDINGS: how many of the first window's configs
+    fall in each geometry group, largest first."""
     from collections import Counter
 
     from tuner.search.learned import problem_held_out
     from tuner.search.prior import geometry
 
+    recordings = [load(path) for path in WINDOW_RECORDINGS]
     recording = next(r for r in recordings if ("warptile", Problem(1024, 1024, 1024)) in r.pairs())
     problem = Problem(1024, 1024, 1024)
     gpu = str(recording.gpu["name"])
@@ -282,18 +292,17 @@ def _first_window_groups(tmp_path: Path, recordings, name: str) -> list[int]:
     return sorted(groups.values(), reverse=True)
 
 
-def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, recordings,
-                                                                 monkeypatch):
+def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, monkeypatch):
     """Asked 17 times before any result, the model sampler keeps at most PENDING_PER_GROUP
     configs of one geometry group waiting (a model wrong about one geometry would otherwise
     spend the whole window on it); without the rule its top 17 crowd fewer groups."""
     from tuner.search import learned
 
     per_group = learned.PENDING_PER_GROUP
-    spread = _first_window_groups(tmp_path, recordings, "spread.sqlite")
+    spread = _first_window_groups(tmp_path, "spread.sqlite")
     assert max(spread) <= per_group and len(spread) >= 17 // per_group, spread
     monkeypatch.setattr(learned, "PENDING_PER_GROUP", 17)  # the rule off
-    crowded = _first_window_groups(tmp_path, recordings, "crowded.sqlite")
+    crowded = _first_window_groups(tmp_path, "crowded.sqlite")
     assert max(crowded) > per_group, crowded
 
 
