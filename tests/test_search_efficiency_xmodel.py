@@ -199,3 +199,19 @@ def test_learn_from_recordings_are_learned_from_but_never_searched(paths):
     assert {e.problem.shape for e in training} == {"2560x2816x2304"}  # and nothing of its own
     xmodel = next(j for j in jobs if j.sampler == bench.XMODEL)
     assert xmodel.other_models == (other,)
+
+
+def test_a_rows_others_come_in_one_order_however_the_files_are_named(paths):
+    """A fresh file searched beside ``--learn-from`` files (itself among them, as with a glob)
+    gets the others, in the order, that a replay of every file gives it: by file name. The cap
+    on a study's examples samples them in that order, so another order is another row."""
+    bench = search_efficiency()
+    h100, _ = paths
+    bundled = [str(BUNDLED_RECORDINGS / f"h100-tf32x3-{tag}.json.gz") for tag in ("2560", "s28")]
+    replay = bench.plan(sorted([h100, *bundled]), ["default"], options(warm_start=False,
+                                                                       cross_model=False))[0]
+    fresh = bench.plan([h100], ["default"], options(warm_start=False, cross_model=False),
+                       learn_from=sorted([*bundled, h100]))[0]
+    [job] = [j for j in replay if j.recording == h100]
+    assert fresh[0].others == job.others
+    assert [Path(p).name for p in job.others] == sorted(Path(p).name for p in [h100, *bundled])
