@@ -208,10 +208,9 @@ def test_a_rows_others_come_in_one_order_however_the_files_are_named(paths):
     bench = search_efficiency()
     h100, _ = paths
     bundled = [str(BUNDLED_RECORDINGS / f"h100-tf32x3-{tag}.json.gz") for tag in ("2560", "s28")]
-    replay = bench.plan(sorted([h100, *bundled]), ["default"], options(warm_start=False,
-                                                                       cross_model=False))[0]
-    fresh = bench.plan([h100], ["default"], options(warm_start=False, cross_model=False),
-                       learn_from=sorted([*bundled, h100]))[0]
+    plain = options(warm_start=False, cross_model=False)
+    replay = bench.plan(sorted([h100, *bundled]), ["default"], plain)[0]
+    fresh = bench.plan([h100], ["default"], plain, learn_from=sorted([*bundled, h100]))[0]
     [job] = [j for j in replay if j.recording == h100]
     assert fresh[0].others == job.others
     assert [Path(p).name for p in job.others] == sorted(Path(p).name for p in [h100, *bundled])
