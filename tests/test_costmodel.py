@@ -34,12 +34,25 @@ pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDINGS = sorted(BUNDLED_RECORDINGS.glob("*.json.gz"))
+# The recordings bundled in session 13, for tests that learn from "some recorded data": whether
+# a premise holds (e.g. that the model's unspread top 17 crowd a geometry group) depends on the
+# data, and fitting on every bundled file makes each new one move the premise (session 38's
+# did) and the test's time grow (sessions 38-39: the slowest of these took 36 s on all files).
+PINNED_RECORDINGS = [BUNDLED_RECORDINGS / f"{name}.json.gz" for name in (
+    "h100-pipelined", "h100-skinny", "h100-splitk", "h100-tf32x3-kheavy", "h100-tf32x3",
+    "h100-warptile-vectorized-1023x1025x999", "h100-warptile-vectorized", "h200-skinny",
+    "h200-splitk", "h200-tf32x3-kheavy")]
 H100 = Target(132, "sm_90")
 
 
 @pytest.fixture(scope="module")
 def recordings():
     return [load(path) for path in RECORDINGS]
+
+
+@pytest.fixture(scope="module")
+def pinned():
+    return [load(path) for path in PINNED_RECORDINGS]
 
 
 def test_features_are_finite_where_the_family_has_them():
@@ -74,8 +87,8 @@ def test_feature_rows_are_each_configs_own():
     assert np.isnan(x[:, FEATURES.index("p_ASPLIT")]).all()  # wgmma's: split-K lacks it
 
 
-def test_the_fit_is_deterministic_with_a_fixed_seed(recordings):
-    examples = examples_from_recordings(recordings)
+def test_the_fit_is_deterministic_with_a_fixed_seed(pinned):
+    examples = examples_from_recordings(pinned)
     family = kernels.FAMILIES["vectorized"]
     candidates = family.accepted_configs()[:200]
     x = matrix(family, candidates, Problem(1500, 700, 3000), H100)
@@ -236,10 +249,10 @@ def test_examples_are_capped_keeping_the_family_own_first(recordings):
     assert capped(examples, "warptile", limit=5, seed=1) == capped(examples, "warptile", limit=5, seed=1)
 
 
-def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewhere(recordings):
+def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewhere(pinned):
     family = kernels.FAMILIES["tf32x3"]
     problem = Problem(3000, 3000, 3000)
-    examples = [e for e in examples_from_recordings(recordings) if e.problem != problem]
+    examples = [e for e in examples_from_recordings(pinned) if e.problem != problem]
     accepted = family.accepted_configs("sm_90")[:3000]
     positions = [dict(c) for c in accepted]
     learned = LearnedSpace.build(family, accepted, positions, problem, H100, examples)
@@ -252,25 +265,16 @@ def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewh
     assert model_picks(others, "tf32x3", 3, seed=0) == []
 
 
-# What the window test learns from: the recordings bundled when the rule was made (session
-# 13), pinned, since whether the model's unspread top 17 crowd a group depends on the data,
-# and each new bundled file would otherwise move the test's premise (session 38's did).
-WINDOW_RECORDINGS = [BUNDLED_RECORDINGS / f"{name}.json.gz" for name in (
-    "h100-pipelined", "h100-skinny", "h100-splitk", "h100-tf32x3-kheavy", "h100-tf32x3",
-    "h100-warptile-vectorized-1023x1025x999", "h100-warptile-vectorized", "h200-skinny",
-    "h200-splitk", "h200-tf32x3-kheavy")]
-
-
 def _first_window_groups(tmp_path: Path, name: str) -> list[int]:
     """A replayed model-sampler study of warptile with 17 candidates in flight (the H100 host's
-    window), learning from the other WINDOW_RECORDINGS: how many of the first window's configs
+    window), learning from the other PINNED_RECORDINGS: how many of the first window's configs
     fall in each geometry group, largest first."""
     from collections import Counter
 
     from tuner.search.learned import problem_held_out
     from tuner.search.prior import geometry
 
-    recordings = [load(path) for path in WINDOW_RECORDINGS]
+    recordings = [load(path) for path in PINNED_RECORDINGS]
     recording = next(r for r in recordings if ("warptile", Problem(1024, 1024, 1024)) in r.pairs())
     problem = Problem(1024, 1024, 1024)
     gpu = str(recording.gpu["name"])
@@ -444,7 +448,7 @@ def test_a_live_study_learns_from_the_bundled_recordings_of_its_gpu_model_except
     database.close()
 
 
-def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
+def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, pinned):
     """What the prefetch compiles ahead (``first_picks``) is what the sampler's first asks take
     with nothing measured: its best scores, spread over geometry groups (uniform asks off)."""
     from tuner.search import learned as learned_module
@@ -453,7 +457,7 @@ def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
     monkeypatch.setattr(learned_module, "EPSILON", 0.0)
     monkeypatch.setattr(learned_module, "PENDING_PER_GROUP", 1)  # groups fill in the window
     study, distributions = _vectorized_model_study(  # a shape no recording holds
-        problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=3)
+        problem=Problem(1536, 1792, 2048), examples=_h100_examples(pinned), seed=3)
     sampler = study.sampler
     learned, positions = sampler.learned, sampler.learned.configs
     asked = [study.ask(distributions).params for _ in range(40)]  # none told
@@ -466,7 +470,7 @@ def test_first_picks_are_the_model_samplers_first_asks(monkeypatch, recordings):
     assert max(np.unique(group[picks], return_counts=True)[1]) == 1
 
 
-def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings):
+def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, pinned):
     """What a live study compiles ahead (``ModelSampler.upcoming``) is what the next asks take
     while no result comes back (uniform asks off): the scores, the window's geometry groups
     and the configs in flight as the asks will see them; foreseeing them draws nothing from
@@ -476,7 +480,7 @@ def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings)
     monkeypatch.setattr(learned_module, "EPSILON", 0.0)
     monkeypatch.setattr(learned_module, "PENDING_PER_GROUP", 1)  # groups fill in the window
     study, distributions = _vectorized_model_study(  # a shape no recording holds
-        problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=5)
+        problem=Problem(1536, 1792, 2048), examples=_h100_examples(pinned), seed=5)
     sampler, positions = study.sampler, study.sampler.learned.configs
     for number in range(12):  # measured: refitted on its own results since
         study.tell(study.ask(distributions), float(1 + number % 5))
@@ -491,7 +495,7 @@ def test_upcoming_foresees_the_model_samplers_next_asks(monkeypatch, recordings)
 
 
 def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
-        monkeypatch, recordings):
+        monkeypatch, pinned):
     """Where the examples hold the family at other shapes, the examples' two models (with and
     without the nearest-shape columns) are fitted once, and the study's own results enter as a
     correction, fitted on them alone (deterministic with a fixed seed), of the one whose order
@@ -505,7 +509,7 @@ def test_own_measurements_correct_the_examples_fit_where_those_hold_the_family(
     runs = []
     for _ in range(2):
         study, distributions = _vectorized_model_study(
-            problem=Problem(1536, 1792, 2048), examples=_h100_examples(recordings), seed=3)
+            problem=Problem(1536, 1792, 2048), examples=_h100_examples(pinned), seed=3)
         sampler = study.sampler
         assert sampler.correcting
         told = []
