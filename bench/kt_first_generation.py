@@ -2,10 +2,10 @@
 
 Kernel Tuner 1.5's diff_evo starts from a Latin hypercube sample of configs
 (``Searchspace.get_LHS_sample_indices``), which it returns as ``list(set(indices))``: for small
-ints that is an order by hash slot (the index modulo the set's table size), not a random one, so
-some configs come first whatever the seed. This runs ``bench/search_efficiency.py`` unchanged with that list shuffled
-(seeded), the same configs, to see how much of a strategy's count is that order
-(bench/NOTES.md, session 39).
+ints that is an order by hash slot (the index modulo the set's table size), not a random one,
+so some configs come first whatever the seed. This runs ``bench/search_efficiency.py``
+unchanged with that list shuffled (seeded; the same configs), to see how much of a strategy's
+count is that order (bench/NOTES.md, session 39).
 
     python bench/kt_first_generation.py shuffled|as-shipped <search_efficiency.py arguments>
 """
