@@ -265,16 +265,15 @@ def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewh
     assert model_picks(others, "tf32x3", 3, seed=0) == []
 
 
-def _first_window_groups(tmp_path: Path, name: str) -> list[int]:
+def _first_window_groups(tmp_path: Path, recordings, name: str) -> list[int]:
     """A replayed model-sampler study of warptile with 17 candidates in flight (the H100 host's
-    window), learning from the other PINNED_RECORDINGS: how many of the first window's configs
-    fall in each geometry group, largest first."""
+    window), learning from the other recordings: how many of the first window's configs fall
+    in each geometry group, largest first."""
     from collections import Counter
 
     from tuner.search.learned import problem_held_out
     from tuner.search.prior import geometry
 
-    recordings = [load(path) for path in PINNED_RECORDINGS]
     recording = next(r for r in recordings if ("warptile", Problem(1024, 1024, 1024)) in r.pairs())
     problem = Problem(1024, 1024, 1024)
     gpu = str(recording.gpu["name"])
@@ -296,17 +295,17 @@ def _first_window_groups(tmp_path: Path, name: str) -> list[int]:
     return sorted(groups.values(), reverse=True)
 
 
-def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, monkeypatch):
+def test_the_model_sampler_spreads_a_window_over_geometry_groups(tmp_path, pinned, monkeypatch):
     """Asked 17 times before any result, the model sampler keeps at most PENDING_PER_GROUP
     configs of one geometry group waiting (a model wrong about one geometry would otherwise
     spend the whole window on it); without the rule its top 17 crowd fewer groups."""
     from tuner.search import learned
 
     per_group = learned.PENDING_PER_GROUP
-    spread = _first_window_groups(tmp_path, "spread.sqlite")
+    spread = _first_window_groups(tmp_path, pinned, "spread.sqlite")
     assert max(spread) <= per_group and len(spread) >= 17 // per_group, spread
     monkeypatch.setattr(learned, "PENDING_PER_GROUP", 17)  # the rule off
-    crowded = _first_window_groups(tmp_path, "crowded.sqlite")
+    crowded = _first_window_groups(tmp_path, pinned, "crowded.sqlite")
     assert max(crowded) > per_group, crowded
 
 
