@@ -924,9 +924,6 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
     jobs: list[Job] = []
     caps: dict[tuple[str, str, str], int] = {}
     unusable: list[str] = []
-    # the others in one order, by file name, however they were named: the examples' cap samples
-    # them in that order, so a fresh file's row is the row a replay gives once it is bundled
-    every = dict(sorted(every.items(), key=lambda item: (Path(item[0]).name, item[0])))
     for path, recording in recordings.items():
         model = _gpu_model(recording)
         same = tuple(p for p, r in every.items() if _gpu_model(r) == model)
