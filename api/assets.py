@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-import plotly
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
@@ -13,9 +12,16 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
 TEMPLATE_DIR = Path(__file__).parent / "templates"
-# The plotly Python package ships the full plotly.js bundle it embeds in offline figures.
-PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 CACHE_FOR_A_DAY = {"Cache-Control": "public, max-age=86400"}
+
+
+def plotly_js_path() -> Path:
+    """The plotly Python package ships the full plotly.js bundle it embeds in offline figures.
+    Imported here, not at the top: only the dashboard's script needs the package (9.7 MB), so
+    the rest of the app imports where it is absent, as on a GPU host that runs only tuning."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
 def swagger_dir() -> Path:
@@ -24,12 +30,13 @@ def swagger_dir() -> Path:
 
 
 def install_assets(app: FastAPI) -> None:
+    plotly_js_file = plotly_js_path()
     app.mount("/static/swagger", StaticFiles(directory=swagger_dir()), name="swagger")
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/vendor/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
-        return FileResponse(PLOTLY_JS, media_type="text/javascript", headers=CACHE_FOR_A_DAY)
+        return FileResponse(plotly_js_file, media_type="text/javascript", headers=CACHE_FOR_A_DAY)
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
