@@ -157,13 +157,12 @@ def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
     so that the examples kept and their order depend on which examples there are, not on the
     order the database or the caller listed them in."""
     own = sorted((e for e in examples if e.family == family), key=_identity)
+    if len(own) >= limit and len(examples) > limit:  # the others are not drawn: not sorted
+        return random.Random(seed).sample(own, limit)
     others = sorted((e for e in examples if e.family != family), key=_identity)
-    if len(own) + len(others) <= limit:
+    if len(examples) <= limit:
         return own + others
-    rng = random.Random(seed)
-    if len(own) >= limit:
-        return rng.sample(own, limit)
-    return own + rng.sample(others, limit - len(own))
+    return own + random.Random(seed).sample(others, limit - len(own))
 
 
 def _identity(example: Example) -> tuple[Any, ...]:
