@@ -257,6 +257,30 @@ def test_examples_are_capped_keeping_the_family_own_first_whatever_their_order(p
                                                                    limit=5, seed=2)
 
 
+def test_a_capped_fit_reads_each_units_best_and_its_neighbours_from_all_examples(
+        pinned, monkeypatch):
+    """The cap thins a fit's rows, not what they are measured against: each kept example's
+    row (its transfer columns: what its config measured at the nearest other shape) and its
+    label (its fraction of its unit's best) are those the uncapped fit gives it. A sample of a
+    unit may lack its best, and a sample of a neighbour the config."""
+    import tuner.search.learned as learned
+
+    examples = examples_from_recordings(pinned)
+    limit = len(examples) // 3
+    monkeypatch.setattr(learned, "MAX_EXAMPLES", limit)
+    uncapped = CostModel(0)
+    uncapped.add_examples(examples)
+    # (an H200 unit's rows can equal an H100 one's: same SM count and arch, other labels)
+    labelled = {(row.tobytes(), y) for rows, ys in zip(uncapped._rows, uncapped._targets)
+                for row, y in zip(rows, ys)}
+    model = learned.offline_model(examples, "warptile", seed=3)
+    assert 0 < model.rows <= limit
+    rows = np.concatenate(model._rows)
+    assert np.isfinite(rows[:, TRANSFER_COLUMNS]).any()
+    assert all((row.tobytes(), y) in labelled
+               for row, y in zip(rows, np.concatenate(model._targets)))
+
+
 def test_hybrid_picks_come_from_the_model_only_when_it_learned_the_family_elsewhere(pinned):
     family = kernels.FAMILIES["tf32x3"]
     problem = Problem(3000, 3000, 3000)

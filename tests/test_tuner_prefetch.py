@@ -27,7 +27,7 @@ from tuner.search import prefetch as prefetch_module
 from tuner.search.prefetch import StartupPrefetch
 from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.search import space
-from tuner.search.learned import (LearnedSpace, ModelSampler, capped, examples_from_recordings,
+from tuner.search.learned import (LearnedSpace, ModelSampler, examples_from_recordings,
                                   first_picks)
 from tuner.search.study import Budget, Session, _accepted_configs, _enumerate, _rank, _seed_for
 
@@ -275,11 +275,10 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
 
     positions = space.params_from_configs(skinny, prepared.accepted)
     distributions = space.distributions(skinny)
-    kept = capped(examples, "skinny", seed=session.seed)
     seed = _seed_for(session.seed, 0)
-    ahead = ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny",
+    ahead = ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny",
                                       prepared.fitted), distributions, [], seed)
-    here = ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny"), distributions,
+    here = ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny"), distributions,
                         [], seed)
     assert here.scores is None
     here._refit([])  # what its first ask does
@@ -287,10 +286,10 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
     assert (ahead.fits, ahead.fitted_on) == (here.fits, here.fitted_on) == (1, 0)
 
     with pytest.raises(ValueError, match="other examples or another seed"):
-        ModelSampler(LearnedSpace(positions, prepared.features, kept[:-1], "skinny",
+        ModelSampler(LearnedSpace(positions, prepared.features, examples[:-1], "skinny",
                                   prepared.fitted), distributions, [], seed)
     with pytest.raises(ValueError, match="other examples or another seed"):
-        ModelSampler(LearnedSpace(positions, prepared.features, kept, "skinny",
+        ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny",
                                   prepared.fitted), distributions, [], seed + 1)
 
 

@@ -45,7 +45,7 @@ import kernels
 
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, CostModel, Correction, Example,
-                                    MAX_ITER, Transfer, Unit, matrix)
+                                    MAX_ITER, Unit, matrix, transfer_of)
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ STARTUP_TRIALS = 4  # own measurements before a model of own data alone is fitte
 # Own measurements before the study trusts one of its two fits (``Bases.trusted``); until
 # then it alternates between them.
 TRUST_AFTER = 8
-MAX_EXAMPLES = 10_000  # examples of other problems kept for a study (``capped``)
+MAX_EXAMPLES = 10_000  # examples of other problems a fit's rows take at most (``capped``)
 # For these families, where the examples hold the family at LARGE_FROM_SHAPES shapes or more,
 # the fit on them boosts LARGE_ROUNDS rounds instead of costmodel.MAX_ITER: the cap's 10,000
 # rows carry more trees than the few thousand the default was sized for. tf32x3 lost pairs
@@ -152,8 +152,9 @@ def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
 def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
            seed: int | None = 0) -> list[Example]:
     """At most ``limit`` examples, the family's own first, then a seeded sample of the others:
-    the sampler refits during a study on the main thread, and a fit's time grows with the rows
-    (3,400 rows: 0.2-0.4 s on one idle core of the 2-core CI machine). Sorted before sampling,
+    the rows of a fit (``offline_model``), whose time grows with them (3,400 rows: 0.2-0.4 s on
+    one idle core of the 2-core CI machine); what it reads of them (each unit's best, the
+    transfer columns) comes from all the examples. Sorted before sampling,
     so that the examples kept and their order depend on which examples there are, not on the
     order the database or the caller listed them in."""
     own = sorted((e for e in examples if e.family == family), key=_identity)
@@ -348,7 +349,7 @@ def space_rows(family: str, x: np.ndarray, accepted: Sequence[Mapping[str, int]]
                problem: Problem, target: Target, examples: Sequence[Example]) -> np.ndarray:
     """``x`` (``matrix`` of the accepted configs) with what the examples measured of each
     config at the other shapes of the family (``costmodel.Transfer``)."""
-    return Transfer(examples).fill(x, family, accepted, problem, target)
+    return transfer_of(examples).fill(x, family, accepted, problem, target)
 
 
 def _key(params: Mapping[str, Any], names: Sequence[str]) -> tuple[int, ...]:
@@ -583,13 +584,15 @@ HYBRID_PICKS = 3
 
 
 def offline_model(examples: Sequence[Example], family: str, seed: int | None) -> CostModel:
-    """The examples of other problems as the rows of one model, unfitted: of ``LARGE_ROUNDS``
-    for a family of ``LARGE_FAMILIES`` that they hold at ``LARGE_FROM_SHAPES`` shapes or more,
-    else the default. A shape counts once per GPU model (its unit)."""
+    """The examples of other problems as the rows of one model, unfitted: at most
+    ``MAX_EXAMPLES`` of them (``capped``), their labels and transfer columns read from all
+    (``CostModel.add_examples``); of ``LARGE_ROUNDS`` for a family of ``LARGE_FAMILIES`` that
+    they hold at ``LARGE_FROM_SHAPES`` shapes or more, else the default. A shape counts once
+    per GPU model (its unit)."""
     units = {e.unit for e in examples if e.family == family}
     large = family in LARGE_FAMILIES and len(units) >= LARGE_FROM_SHAPES
     model = CostModel(seed, rounds=LARGE_ROUNDS if large else MAX_ITER)
-    model.add_examples(examples)
+    model.add_examples(capped(examples, family, MAX_EXAMPLES, seed), context=examples)
     return model
 
 

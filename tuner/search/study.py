@@ -33,7 +33,7 @@ from tuner.report import config_text
 from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
-from tuner.search.learned import (HYBRID_PICKS, LearnedSpace, PreparedFit, Unit, capped,
+from tuner.search.learned import (HYBRID_PICKS, MAX_EXAMPLES, LearnedSpace, PreparedFit, Unit,
                                   examples_for_study, fit_key, learns_family, model_picks,
                                   prepare_fit, space_rows)
 from tuner.search.choices import LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP
@@ -281,7 +281,6 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
         target = prior.Target(sm_count, arch)
         startup.features = matrix(family, startup.accepted, problem, target)
         if examples is not None and resolve(sampler, True) == "model":
-            examples = capped(examples, family.name, seed=seed)
             startup.features = space_rows(family.name, startup.features, startup.accepted,
                                           problem, target, examples)
             startup.fitted = prepare_fit(family.name, examples, startup.features,
@@ -444,10 +443,10 @@ class StudyRun:
         if examples is None:
             examples = examples_for_study(self.session.database, self.session.gpu_name,
                                           self.problem, self.session.learn_from_recordings)
-        examples = capped(examples, self.family.name, seed=self.session.seed)
         log.info("%s: the cost model learns from %d measured configs of other problems (%d of "
-                 "%s), then from this study's own", self.name, len(examples),
-                 sum(e.family == self.family.name for e in examples), self.family.name)
+                 "%s; a fit takes %d at most), then from this study's own", self.name,
+                 len(examples), sum(e.family == self.family.name for e in examples),
+                 self.family.name, MAX_EXAMPLES)
         positions = space.params_from_configs(self.family, self.accepted_all)
         if self.startup.features is not None:  # prepared ahead, for the same SM count
             fitted = self.startup.fitted
