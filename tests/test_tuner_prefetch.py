@@ -310,5 +310,5 @@ def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp
     assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
     assert any("fit prepared ahead is of other examples" in r.getMessage()
                for r in caplog.records)
-    assert any("learns from 6 measured configs of other problems (6 of naive)" in r.getMessage()
+    assert any("learns from 6 measured configs of other problems (6 of naive;" in r.getMessage()
                for r in caplog.records)
