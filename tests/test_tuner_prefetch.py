@@ -278,8 +278,8 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
     seed = _seed_for(session.seed, 0)
     ahead = ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny",
                                       prepared.fitted), distributions, [], seed)
-    here = ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny"), distributions,
-                        [], seed)
+    here = ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny"),
+                        distributions, [], seed)
     assert here.scores is None
     here._refit([])  # what its first ask does
     assert ahead.scores is not None and np.array_equal(ahead.scores, here.scores)

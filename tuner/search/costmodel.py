@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -294,6 +295,7 @@ def _unit_rows(unit: Unit, examples: Sequence[Example]) -> UnitRows:
 
 TransferKey = tuple[UnitKey, ...]
 _transfers: dict[TransferKey, Transfer] = {}
+_transfers_lock = threading.Lock()  # a study's fit and the next one's, prepared ahead, share it
 TRANSFERS_KEPT = 4
 
 
@@ -307,10 +309,14 @@ def transfer_of(examples: Sequence[Example]) -> Transfer:
         count, total = totals.get(example.unit, (0, 0.0))
         totals[example.unit] = (count + 1, total + example.gflops)
     key = tuple(sorted((unit, count, total) for unit, (count, total) in totals.items()))
-    transfer = _transfers.pop(key, None) or Transfer(examples)
-    _transfers[key] = transfer  # the most recent last
-    while len(_transfers) > TRANSFERS_KEPT:
-        del _transfers[next(iter(_transfers))]
+    with _transfers_lock:
+        transfer = _transfers.pop(key, None)
+    if transfer is None:
+        transfer = Transfer(examples)
+    with _transfers_lock:
+        _transfers[key] = transfer  # the most recent last
+        while len(_transfers) > TRANSFERS_KEPT:
+            del _transfers[next(iter(_transfers))]
     return transfer
 
 
