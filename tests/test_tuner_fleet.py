@@ -391,3 +391,39 @@ def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp
         assert outcome.stop_reason == "trial budget" and len(measured) == 4
         assert storage.get_trial(retry).state == TrialState.FAIL
         assert storage.get_trial(other).state == TrialState.COMPLETE
+
+
+@needs_pg
+def test_a_worker_killed_before_its_claims_first_heartbeat_leaves_a_retry(tmp_path,
+                                                                          monkeypatch):
+    """A claim and its first heartbeat are two writes. A worker killed between them (the
+    shared-study bench kills one as soon as it holds a claim; CI, session 41) left a RUNNING
+    trial with no heartbeat, which Optuna never fails as stale: its config was held for good.
+    A claim turns RUNNING only once it has a heartbeat; killed before, it is a queued retry
+    that another worker measures."""
+    from tuner.search import fleet
+
+    class Killed(BaseException):
+        """SIGKILL, as far as the claiming code can tell: nothing after it runs."""
+
+    def killed(trial_id: int) -> None:
+        raise Killed
+
+    contested = _accepted(FAMILY)[0]
+    with _pg_fleet(tmp_path) as (database, storage):
+        name = study_name(GPU, FAMILY, P)
+        optuna.create_study(storage=storage, direction="maximize", study_name=name)
+        shared = fleet.SharedStudy(storage, name, key_of=lambda t: tuple(sorted(t.params.items())),
+                                   claims=True, stale_check_every_s=HEARTBEAT)
+        with monkeypatch.context() as patched:
+            patched.setattr(storage, "record_heartbeat", killed)
+            with pytest.raises(Killed):
+                shared.claim(space.params_from_config(FAMILY, contested),
+                             space.distributions(FAMILY))
+        [left] = storage.get_all_trials(shared.study_id)
+        assert left.state == TrialState.WAITING, "a claim without a heartbeat is never stale"
+
+        outcome, measured = _run_fleet(database, storage, "GPU-fleet-killed", 5)
+        assert outcome.stop_reason == "trial budget" and len(measured) == 5
+        assert measured.count(contested) == 1, "the dead worker's candidate was measured"
+        assert storage.get_trial(left._trial_id).state == TrialState.COMPLETE

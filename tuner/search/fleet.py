@@ -134,16 +134,26 @@ class SharedStudy:
         return self.storage.get_trial_number_from_id(trial_id)
 
     def claim(self, params: dict[str, int],
-              distributions: dict[str, BaseDistribution]) -> tuple[int, int]:
-        """Register a candidate as RUNNING with a first heartbeat; returns (trial id, number).
-        The caller pulls next and asks ``claimed_before``: two workers may claim one config
-        at the same moment."""
-        template = create_trial(state=TrialState.RUNNING, params=params,
+              distributions: dict[str, BaseDistribution]) -> tuple[int, int] | None:
+        """Register a candidate as RUNNING with a first heartbeat; returns (trial id, number),
+        or None where another worker took it first. It is stored WAITING, given its heartbeat,
+        then turned RUNNING: Optuna never fails a RUNNING trial without a heartbeat as stale,
+        so a worker killed between storing a RUNNING claim and its first heartbeat left its
+        config held for good (session 41). Killed before the turn, it leaves a WAITING trial:
+        a queued retry, as a stale claim's. The caller pulls next and asks ``claimed_before``:
+        two workers may claim one config at the same moment."""
+        template = create_trial(state=TrialState.WAITING, params=params,
                                 distributions=distributions,
                                 system_attrs={WORKER_ATTR: worker_id()})
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.own.add(trial_id)
-        self._start_heartbeat(trial_id)
+        self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+            self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
+            self.others_open[trial_id] = self.storage.get_trial(trial_id)
+            return None
+        with self._lock:
+            self.mine_running.add(trial_id)
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
 
     def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
