@@ -274,12 +274,17 @@ def _config_key(config: Mapping[str, int]) -> tuple[Any, ...]:
     return tuple(sorted(config.items()))
 
 
+def _unit_key(unit: Unit, examples: Sequence[Example]) -> UnitKey:
+    """What tells one state of a unit's examples from another: a unit's measurements only
+    grow, and are never rewritten."""
+    return unit, len(examples), sum(e.gflops for e in examples)
+
+
 def _unit_rows(unit: Unit, examples: Sequence[Example]) -> UnitRows:
     """The feature rows (``matrix``, no transfer columns) of every config of one unit the
-    family can still lay out, by config, and the best GFLOP/s among them: kept per unit (a
-    unit's measurements only grow), as studies read the same units again and again (all the
-    recorded ones: 1.8 s)."""
-    key = (unit, len(examples), sum(e.gflops for e in examples))
+    family can still lay out, by config, and the best GFLOP/s among them: kept per unit, as
+    studies read the same units again and again (all the recorded ones: 1.8 s)."""
+    key = _unit_key(unit, examples)
     seen = _unit_rows_kept.get(unit)
     if seen is not None and seen[0] == key:
         return seen[1]
@@ -302,13 +307,9 @@ TRANSFERS_KEPT = 4
 def transfer_of(examples: Sequence[Example]) -> Transfer:
     """``Transfer(examples)``, the last few kept: a study reads it for its own configs and for
     its fit's rows (0.3 s for the 120,000 recorded examples), and a benchmark runs many studies
-    on the same examples. Keyed by each unit's count and summed GFLOP/s (a unit's
-    measurements only grow)."""
-    totals: dict[Unit, tuple[int, float]] = {}
-    for example in examples:
-        count, total = totals.get(example.unit, (0, 0.0))
-        totals[example.unit] = (count + 1, total + example.gflops)
-    key = tuple(sorted((unit, count, total) for unit, (count, total) in totals.items()))
+    on the same examples. Keyed by its units' ``_unit_key``."""
+    key = tuple(sorted(_unit_key(unit, unit_examples)
+                       for unit, unit_examples in by_unit(examples).items()))
     with _transfers_lock:
         transfer = _transfers.pop(key, None)
     if transfer is None:

@@ -147,13 +147,12 @@ class SharedStudy:
                                 system_attrs={WORKER_ATTR: worker_id()})
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.own.add(trial_id)
-        self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        self._start_heartbeat(trial_id)
         if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+            self._stop_heartbeat(trial_id)
             self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
             self.others_open[trial_id] = self.storage.get_trial(trial_id)
             return None
-        with self._lock:
-            self.mine_running.add(trial_id)
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
 
     def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
