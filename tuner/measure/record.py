@@ -170,8 +170,10 @@ def record_with_evaluator(evaluator: Evaluator, families: Sequence[Any],
 # ------------------------------------------------------------------ the GPU sweep
 
 
-def _measure(bench: Any, family: Any, config: dict[str, int], problem: Problem,
-             compiled: Any, arch: str) -> RecordedResult:
+def measure_config(bench: Any, family: Any, config: dict[str, int], problem: Problem,
+                   compiled: Any, arch: str) -> RecordedResult:
+    """One config's measurement as a recording keeps it (``bench``: a ``GpuBench`` set to
+    ``problem``; ``compiled``: the config's compile from a ``CompilePool``)."""
     from tuner.measure.resources import summarize
 
     if compiled.cubin is None:
@@ -238,7 +240,8 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
                     stopped = f"stopped at the time limit ({time_limit_s:g} s)"
                     break
                 try:
-                    result = _measure(bench, family, config, problem, future.result(), arch)
+                    result = measure_config(bench, family, config, problem, future.result(),
+                                            arch)
                 except GpuFault as fault:  # this context is dead: record, start afresh
                     result = RecordedResult(state=CRASHED, error=f"{fault}; the bench was re-created")
                     crashes += 1
