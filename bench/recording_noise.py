@@ -110,7 +110,7 @@ def parse_pair(text: str) -> Pair:
 
 def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int, seed: int
            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from tuner.measure.gpu import GpuBench
+    from tuner.measure.gpu import GpuBench, GpuFault
     from tuner.measure.live import CompilePool
     from tuner.measure.record import measure_config
 
@@ -136,8 +136,15 @@ def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int,
             for _ in range(rounds):
                 values = [0.0] * len(chosen)
                 for i in rng.sample(range(len(chosen)), len(chosen)):
-                    result = measure_config(bench, family, dict(chosen[i][0]), pair.problem,
-                                            compiled[i].result(), arch)
+                    try:
+                        result = measure_config(bench, family, dict(chosen[i][0]),
+                                                pair.problem, compiled[i].result(), arch)
+                    except GpuFault as fault:  # a dead context: this timing counts 0
+                        print(f"{pair.problem.shape} config {i + 1}: {fault}; the bench was "
+                              "re-created", file=sys.stderr)
+                        bench = GpuBench(gpu)
+                        bench.set_problem(pair.problem.m, pair.problem.n, pair.problem.k)
+                        continue
                     values[i] = float(result.gflops or 0.0) if result.usable else 0.0
                     if result.sm_clock_mhz:
                         clocks.append(int(result.sm_clock_mhz))
