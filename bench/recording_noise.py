@@ -8,8 +8,9 @@ recorded optimum. A recording times each config once; where one config stands 3 
 rest (a "needle"), that one timing decides the target. For each pair this re-times the
 ``--top`` configs the recording ranks best, ``--rounds`` times each, every round in a fresh
 random order (so clock drift spreads over all configs alike), through the recording's own
-measurement path (``tuner.measure.record.measure_config``: verified, CUDA events, rotated
-inputs). It reports each config's recorded and re-timed GFLOP/s as fractions of the best, the
+measurement path (``tuner.measure.record``'s ``time_in_rounds`` and ``measure_config``:
+verified, CUDA events, rotated inputs; ``python -m tuner.record --retime-fastest`` keeps the
+medians in a recording). It reports each config's recorded and re-timed GFLOP/s as fractions of the best, the
 rounds' spread, the SM clock, and whether the recorded optimum stays the optimum, how many
 configs the re-timing puts within 3 % of its best, and which of them the recording had there.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import kernels  # noqa: E402
 
 from bench.throughput import gpu_slug  # noqa: E402
-from tuner.measure.recording import Recording, load  # noqa: E402
+from tuner.measure.recording import load  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 
@@ -83,15 +84,6 @@ def summarise(recorded: Sequence[float], rounds: Sequence[Sequence[float]]) -> S
                    len(near_recorded), len(near_retimed), len(near_recorded & near_retimed))
 
 
-def top_configs(recording: Recording, family: str, problem: Problem, count: int
-                ) -> list[tuple[dict[str, int], float]]:
-    """The ``count`` configs the recording measured fastest at ``problem`` (verified ones),
-    fastest first, with their GFLOP/s."""
-    usable = [(config, float(result.gflops)) for config, result
-              in recording.results(family, problem) if result.usable and result.gflops]
-    return sorted(usable, key=lambda item: -item[1])[:count]
-
-
 def parse_pair(text: str) -> Pair:
     path, sep, shape = text.rpartition(":")
     if not sep:
@@ -112,7 +104,9 @@ def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int,
            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from tuner.measure.gpu import GpuBench, GpuFault
     from tuner.measure.live import CompilePool
-    from tuner.measure.record import measure_config
+    from tuner.measure.record import measure_config, time_in_rounds
+    from tuner.measure.evaluator import CRASHED
+    from tuner.measure.recording import RecordedResult
 
     bench = GpuBench(gpu)
     arch, info = bench.arch(), bench.info()
@@ -128,32 +122,31 @@ def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int,
                       f"this is {info['name']}", file=sys.stderr)
                 continue
             family = kernels.get_family(pair.family)
-            chosen = top_configs(recording, pair.family, pair.problem, top)
-            compiled = [pool.submit(family, dict(config)) for config, _ in chosen]
+            chosen = recording.fastest(pair.family, pair.problem, top)
+            for config, _ in chosen:  # queue every compile before the first timing
+                pool.submit(family, dict(config))
             bench.set_problem(pair.problem.m, pair.problem.n, pair.problem.k)
-            timed: list[list[float]] = []
-            clocks: list[int] = []
-            for _ in range(rounds):
-                values = [0.0] * len(chosen)
-                for i in rng.sample(range(len(chosen)), len(chosen)):
-                    try:
-                        result = measure_config(bench, family, dict(chosen[i][0]),
-                                                pair.problem, compiled[i].result(), arch)
-                    except GpuFault as fault:  # a dead context: this timing counts 0
-                        print(f"{pair.problem.shape} config {i + 1}: {fault}; the bench was "
-                              "re-created", file=sys.stderr)
-                        bench = GpuBench(gpu)
-                        bench.set_problem(pair.problem.m, pair.problem.n, pair.problem.k)
-                        continue
-                    values[i] = float(result.gflops or 0.0) if result.usable else 0.0
-                    if result.sm_clock_mhz:
-                        clocks.append(int(result.sm_clock_mhz))
-                timed.append(values)
-            summary = summarise([g for _, g in chosen], timed)
+
+            def measure(config: dict[str, int], problem: Problem = pair.problem
+                        ) -> RecordedResult:
+                nonlocal bench
+                try:
+                    return measure_config(bench, family, config, problem,
+                                          pool.submit(family, config).result(), arch)
+                except GpuFault as fault:  # a dead context: this timing counts 0
+                    print(f"{problem.shape}: {fault}; the bench was re-created", file=sys.stderr)
+                    bench = GpuBench(gpu)
+                    bench.set_problem(problem.m, problem.n, problem.k)
+                    return RecordedResult(state=CRASHED, error=str(fault))
+
+            timed = time_in_rounds([dict(c) for c, _ in chosen], rounds, measure, rng)
+            values = [[float(r.gflops) if r.usable else 0.0 for r in round_] for round_ in timed]
+            clocks = sorted({int(r.sm_clock_mhz) for round_ in timed for r in round_
+                             if r.sm_clock_mhz})
+            summary = summarise([float(r.gflops) for _, r in chosen], values)
             rows.append({"recording": Path(pair.path).name, "family": pair.family,
                          "shape": pair.problem.shape, "configs": [c for c, _ in chosen],
-                         "rounds": timed, "sm_clock_mhz": sorted(set(clocks)),
-                         **asdict(summary)})
+                         "rounds": values, "sm_clock_mhz": clocks, **asdict(summary)})
             print(table([rows[-1]]), flush=True)
     finally:
         pool.close()

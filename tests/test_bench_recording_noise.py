@@ -8,7 +8,7 @@ import json
 import pytest
 
 import kernels
-from bench.recording_noise import main, parse_pair, summarise, top_configs
+from bench.recording_noise import main, parse_pair, summarise
 from tuner.measure.record import record_with_evaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
@@ -48,13 +48,10 @@ def test_rounds_must_match_the_configs():
         summarise([1.0], [[0.0]])
 
 
-def test_the_top_configs_are_the_fastest_verified_ones(tmp_path):
-    recording, path = _recording(tmp_path)
-    every = sorted((float(r.gflops) for _, r in recording.results(NAIVE.name, PROBLEM)
-                    if r.usable), reverse=True)
-    top = top_configs(recording, NAIVE.name, PROBLEM, 3)
-    assert [g for _, g in top] == every[:3]
-    assert parse_pair(f"{path}:67x45x33").family == NAIVE.name
+def test_a_pair_is_a_recording_and_one_of_its_shapes(tmp_path):
+    _, path = _recording(tmp_path)
+    pair = parse_pair(f"{path}:67x45x33")
+    assert (pair.family, pair.problem) == (NAIVE.name, PROBLEM)
 
 
 def test_a_pair_names_a_recorded_shape(tmp_path):

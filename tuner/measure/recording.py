@@ -188,9 +188,15 @@ class Recording:
 
     def optimum(self, family: str, problem: Problem) -> tuple[dict[str, int], float] | None:
         """The best verified config recorded for (family, problem) and its GFLOP/s."""
-        best = max(((c, r.gflops) for c, r in self.results(family, problem) if r.usable),
-                   key=lambda item: item[1], default=None)
-        return None if best is None else (best[0], float(best[1]))  # type: ignore[arg-type]
+        best = self.fastest(family, problem, 1)
+        return (best[0][0], float(best[0][1].gflops)) if best else None  # type: ignore[arg-type]
+
+    def fastest(self, family: str, problem: Problem, count: int
+                ) -> list[tuple[dict[str, int], RecordedResult]]:
+        """The ``count`` verified configs recorded fastest for (family, problem), fastest
+        first (of equal GFLOP/s, the one recorded first)."""
+        usable = [(c, r) for c, r in self.results(family, problem) if r.usable]
+        return sorted(usable, key=lambda item: -float(item[1].gflops))[:count]  # type: ignore
 
     def pairs(self) -> list[tuple[str, Problem]]:
         """Every (family, problem) with at least one recorded result."""
