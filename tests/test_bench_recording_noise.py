@@ -13,6 +13,8 @@ from tuner.measure.record import record_with_evaluator
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 
+from stand_in_gpu import stand_in_gpu  # noqa: F401 (a fixture)
+
 NAIVE = kernels.FAMILIES["naive"]
 PROBLEM = Problem(67, 45, 33)
 
@@ -60,6 +62,25 @@ def test_a_pair_names_a_recorded_shape(tmp_path):
         parse_pair(f"{path}:64x64x64")
     with pytest.raises(ValueError, match="expected RECORDING:MxNxK"):
         parse_pair("no-shape")
+
+
+def test_lucky_recorded_timings_show_on_the_stand_in_bench(stand_in_gpu, tmp_path):
+    # recorded by the sweep on the stand-in: every single timing 10 % lucky; re-timed, the
+    # top configs keep their order and the fastest its place, each 1/1.1 of its recording
+    from tuner.measure.record import sweep_gpu
+
+    recording = sweep_gpu([NAIVE], [PROBLEM], max_configs=4, seed=0, grid={}, workers=1,
+                          progress=False)
+    path = recording.save(tmp_path / "lucky.json.gz")
+    out = tmp_path / "noise.json"
+    assert main(["--pair", f"{path}:67x45x33", "--top", "3", "--rounds", "2",
+                 "--out", str(out), "--workers", "1"]) == 0
+    (row,) = json.loads(out.read_text())["pairs"]
+    assert row["optimum_rank"] == 0 and row["spread"] == [0.0, 0.0, 0.0]
+    assert row["retimed"] == pytest.approx(row["recorded"])
+    recorded = [r.gflops for _, r in recording.fastest(NAIVE.name, PROBLEM, 3)]
+    assert [values[0] for values in zip(*row["rounds"])] == pytest.approx(
+        [g / 1.1 for g in recorded])
 
 
 @pytest.mark.gpu

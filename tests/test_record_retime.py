@@ -17,6 +17,8 @@ from tuner.measure.recording import RecordedResult
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 
+from stand_in_gpu import stand_in_gpu  # noqa: F401 (a fixture)
+
 NAIVE = kernels.FAMILIES["naive"]
 PROBLEM = Problem(67, 45, 33)
 
@@ -115,3 +117,33 @@ def test_a_gpu_sweep_with_retiming(tmp_path):
                           progress=False, retime=2, rounds=2)
     assert "the 2 fastest configs" in recording.note and "(2 configs)" in recording.note
     assert all(r.usable for _, r in recording.fastest(NAIVE.name, PROBLEM, 2))
+
+
+SWEPT = Problem(33, 17, 65)
+
+
+def test_the_gpu_sweep_retimes_the_fastest_on_the_stand_in_bench(stand_in_gpu):
+    from tuner.measure.record import sweep_gpu
+
+    recording = sweep_gpu([NAIVE], [SWEPT], max_configs=4, seed=0, grid={}, workers=1,
+                          progress=False, retime=2, rounds=3)
+    results = dict((tuple(sorted(c.items())), r) for c, r in recording.results(NAIVE.name,
+                                                                                SWEPT))
+    assert stand_in_gpu.timings == len(results) + 2 * 3
+    assert "the 2 fastest configs" in recording.note and "(2 configs)" in recording.note
+    # the two fastest lost their lucky 10 %; the others kept their single lucky timing
+    unlucky = [r for r in results.values() if r.gflops == int(r.gflops)]
+    assert len(unlucky) == 2
+
+
+def test_a_gpu_fault_while_retiming_counts_as_a_crash_and_the_sweep_goes_on(stand_in_gpu):
+    from tuner.measure.record import sweep_gpu
+
+    swept = 4  # configs the sweep measures (naive has more: a sample of 4)
+    stand_in_gpu.fault_on = swept + 1  # the sweep's configs, then the first re-timing
+    recording = sweep_gpu([NAIVE], [SWEPT], max_configs=swept, seed=0, grid={}, workers=1,
+                          progress=False, retime=2, rounds=3)
+    assert sum(1 for _ in recording.results(NAIVE.name, SWEPT)) == swept
+    assert "1 crash(es)" in recording.note
+    assert stand_in_gpu.timings == swept + 2 * 3
+    assert all(r.usable for _, r in recording.fastest(NAIVE.name, SWEPT, 2))
