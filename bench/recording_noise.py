@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import kernels  # noqa: E402
 
 from bench.throughput import gpu_slug  # noqa: E402
-from tuner.measure.recording import load  # noqa: E402
+from tuner.measure.recording import RecordedResult, load  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 
@@ -102,17 +102,14 @@ def parse_pair(text: str) -> Pair:
 
 def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int, seed: int
            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from tuner.measure.gpu import GpuBench, GpuFault
     from tuner.measure.live import CompilePool
-    from tuner.measure.record import measure_config, time_in_rounds
-    from tuner.measure.evaluator import CRASHED
-    from tuner.measure.recording import RecordedResult
+    from tuner.measure.record import GpuMeasurer, time_in_rounds
 
-    bench = GpuBench(gpu)
-    arch, info = bench.arch(), bench.info()
+    measurer = GpuMeasurer(gpu)
+    info = measurer.bench.info()
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
-    pool = CompilePool(arch, None, workers)
+    pool = CompilePool(measurer.arch, None, workers)
     try:
         for pair in pairs:
             recording = load(pair.path)
@@ -125,19 +122,10 @@ def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int,
             chosen = recording.fastest(pair.family, pair.problem, top)
             for config, _ in chosen:  # queue every compile before the first timing
                 pool.submit(family, dict(config))
-            bench.set_problem(pair.problem.m, pair.problem.n, pair.problem.k)
+            measurer.set_problem(pair.problem)
 
-            def measure(config: dict[str, int], problem: Problem = pair.problem
-                        ) -> RecordedResult:
-                nonlocal bench
-                try:
-                    return measure_config(bench, family, config, problem,
-                                          pool.submit(family, config).result(), arch)
-                except GpuFault as fault:  # a dead context: this timing counts 0
-                    print(f"{problem.shape}: {fault}; the bench was re-created", file=sys.stderr)
-                    bench = GpuBench(gpu)
-                    bench.set_problem(problem.m, problem.n, problem.k)
-                    return RecordedResult(state=CRASHED, error=str(fault))
+            def measure(config: dict[str, int]) -> RecordedResult:
+                return measurer.measure(family, config, pool.submit(family, config))
 
             timed = time_in_rounds([dict(c) for c, _ in chosen], rounds, measure, rng)
             values = [[float(r.gflops) if r.usable else 0.0 for r in round_] for round_ in timed]

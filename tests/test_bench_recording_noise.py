@@ -24,6 +24,21 @@ def _recording(tmp_path):
     return recording, recording.save(tmp_path / "naive.json.gz")
 
 
+def _swept_then_retimed(tmp_path, workers: int):
+    """A recording of 4 naive configs made by the sweep on this (or the stand-in) GPU, and the
+    re-timing's row of its 3 fastest, 2 rounds each."""
+    from tuner.measure.record import sweep_gpu
+
+    recording = sweep_gpu([NAIVE], [PROBLEM], max_configs=4, seed=0, grid={}, workers=workers,
+                          progress=False)
+    path = recording.save(tmp_path / "swept.json.gz")
+    out = tmp_path / "noise.json"
+    assert main(["--pair", f"{path}:67x45x33", "--top", "3", "--rounds", "2",
+                 "--out", str(out), "--workers", str(workers)]) == 0
+    (row,) = json.loads(out.read_text())["pairs"]
+    return recording, row
+
+
 def test_a_lucky_recorded_optimum_shows_in_the_summary():
     # the recording put config 0 3 % above the rest; re-timed, config 2 is the fastest and
     # config 0 is 4 % below it, config 1 within 3 %
@@ -67,15 +82,7 @@ def test_a_pair_names_a_recorded_shape(tmp_path):
 def test_lucky_recorded_timings_show_on_the_stand_in_bench(stand_in_gpu, tmp_path):
     # recorded by the sweep on the stand-in: every single timing 10 % lucky; re-timed, the
     # top configs keep their order and the fastest its place, each 1/1.1 of its recording
-    from tuner.measure.record import sweep_gpu
-
-    recording = sweep_gpu([NAIVE], [PROBLEM], max_configs=4, seed=0, grid={}, workers=1,
-                          progress=False)
-    path = recording.save(tmp_path / "lucky.json.gz")
-    out = tmp_path / "noise.json"
-    assert main(["--pair", f"{path}:67x45x33", "--top", "3", "--rounds", "2",
-                 "--out", str(out), "--workers", "1"]) == 0
-    (row,) = json.loads(out.read_text())["pairs"]
+    recording, row = _swept_then_retimed(tmp_path, workers=1)
     assert row["optimum_rank"] == 0 and row["spread"] == [0.0, 0.0, 0.0]
     assert row["retimed"] == pytest.approx(row["recorded"])
     recorded = [r.gflops for _, r in recording.fastest(NAIVE.name, PROBLEM, 3)]
@@ -95,15 +102,7 @@ def test_a_pair_of_another_gpu_model_is_skipped(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_re_timing_a_recording_made_on_this_gpu(tmp_path):
-    from tuner.measure.record import sweep_gpu
-
-    recording = sweep_gpu([NAIVE], [PROBLEM], max_configs=4, seed=0, grid={}, workers=2,
-                          progress=False)
-    path = recording.save(tmp_path / "here.json.gz")
-    out = tmp_path / "noise.json"
-    assert main(["--pair", f"{path}:67x45x33", "--top", "3", "--rounds", "2",
-                 "--out", str(out), "--workers", "2"]) == 0
-    (row,) = json.loads(out.read_text())["pairs"]
+    _, row = _swept_then_retimed(tmp_path, workers=2)
     assert len(row["configs"]) == 3 and len(row["rounds"]) == 2
     assert all(v > 0 for values in row["rounds"] for v in values)
     assert max(row["retimed"]) == 1.0 and 0 <= row["optimum_rank"] < 3

@@ -253,6 +253,39 @@ def measure_config(bench: Any, family: Any, config: dict[str, int], problem: Pro
     return RecordedResult.from_mapping({**result, **common})
 
 
+class GpuMeasurer:
+    """Configs measured on one GPU as a recording keeps them (``measure_config``); a config
+    that kills the GPU context is recorded ``crashed`` (counted in ``crashes``) and the bench
+    re-created, set to the same problem."""
+
+    def __init__(self, device: int) -> None:
+        from tuner.measure.gpu import GpuBench
+
+        self.device = device
+        self.bench = GpuBench(device)
+        self.arch: str = self.bench.arch()
+        self.problem: Problem | None = None
+        self.crashes = 0
+
+    def set_problem(self, problem: Problem) -> None:
+        self.bench.set_problem(problem.m, problem.n, problem.k)
+        self.problem = problem
+
+    def measure(self, family: Any, config: dict[str, int], compiled: Any) -> RecordedResult:
+        """``compiled``: the config's compile (a ``CompilePool`` future)."""
+        from tuner.measure.gpu import GpuBench, GpuFault
+
+        assert self.problem is not None, "set_problem comes first"
+        try:
+            return measure_config(self.bench, family, config, self.problem, compiled.result(),
+                                  self.arch)
+        except GpuFault as fault:  # this context is dead: record, start afresh
+            self.crashes += 1
+            self.bench = GpuBench(self.device)
+            self.set_problem(self.problem)
+            return RecordedResult(state=CRASHED, error=f"{fault}; the bench was re-created")
+
+
 def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_configs: int,
               seed: int, grid: dict[str, dict[str, tuple[int, ...]]], device: int = 0,
               workers: int | None = None, cache_dir: str | None = None,
@@ -261,12 +294,11 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
               rounds: int = RETIME_ROUNDS) -> Recording:
     from tqdm import tqdm
 
-    from tuner.measure.gpu import GpuBench, GpuFault
     from tuner.measure.live import CompilePool, default_workers
 
     started = time.monotonic()
-    bench = GpuBench(device)
-    arch, info = bench.arch(), bench.info()
+    gpu = GpuMeasurer(device)
+    arch, info = gpu.arch, gpu.bench.info()
     chosen = {f.name: choose_configs(f, grid.get(f.name, {}), max_configs, seed, arch)
               for f in families}
     recording = start_recording(resume, info, arch, [h for h, _ in chosen.values()])
@@ -287,30 +319,22 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
                 if key not in futures:
                     futures[key] = pool.submit(family, config)
 
-        def measure(family: Any, config: dict[str, int], problem: Problem) -> RecordedResult:
-            nonlocal bench, crashes
+        def measure(family: Any, config: dict[str, int]) -> RecordedResult:
             # the sweep's configs were queued above; a resumed file's re-timed ones compile now
-            future = (futures.get((family.name, tuple(config.items())))
-                      or pool.submit(family, config))
-            try:
-                return measure_config(bench, family, config, problem, future.result(), arch)
-            except GpuFault as fault:  # this context is dead: record, start afresh
-                crashes += 1
-                bench = GpuBench(device)
-                bench.set_problem(problem.m, problem.n, problem.k)
-                return RecordedResult(state=CRASHED, error=f"{fault}; the bench was re-created")
+            return gpu.measure(family, config, futures.get((family.name, tuple(config.items())))
+                               or pool.submit(family, config))
 
-        total, done, crashes, stopped = sum(map(len, todo.values())), 0, 0, None
+        total, done, stopped = sum(map(len, todo.values())), 0, None
         retimed = 0
         rng = random.Random(seed)
         bar = tqdm(total=total, unit="config", disable=not progress, dynamic_ncols=True)
         for problem in problems:
             if not todo[problem] and not retime:
                 continue
-            bench.set_problem(problem.m, problem.n, problem.k)
+            gpu.set_problem(problem)
             entry = recording.problem(problem)
             if entry is None:  # a resumed problem keeps its first baseline
-                entry = ProblemRecording(problem, bench.baseline())
+                entry = ProblemRecording(problem, gpu.bench.baseline())
                 recording.problems.append(entry)
             gflops = (entry.baseline or {}).get("gflops") or 0
             bar.set_description(f"{problem.shape} (cuBLAS {gflops:,.0f} GFLOP/s)")
@@ -318,7 +342,7 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
                 if time_limit_s is not None and time.monotonic() - started > time_limit_s:
                     stopped = f"stopped at the time limit ({time_limit_s:g} s)"
                     break
-                recording.add(family.name, problem, config, measure(family, config, problem))
+                recording.add(family.name, problem, config, measure(family, config))
                 done += 1
                 bar.update(1)
             if stopped:
@@ -326,14 +350,14 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
             for family in families if retime else ():
                 retimed += retime_fastest(
                     recording, family.name, problem, retime, rounds,
-                    lambda config, family=family: measure(family, config, problem), rng)
+                    lambda config, family=family: measure(family, config), rng)
         bar.close()
     finally:
         pool.close()
     elapsed = time.monotonic() - started
     recording.note = (
         f"python -m tuner.record on {info['name']}: {done} of {total} (family, shape, config) "
-        f"measurements in {elapsed:.0f} s, {crashes} crash(es)"
+        f"measurements in {elapsed:.0f} s, {gpu.crashes} crash(es)"
         + (f"; {stopped}, so later configs are absent" if stopped else "")
         + (retime_note(retime, rounds) + f" ({retimed} configs)" if retimed else "")
         + (f"; command: {command}" if command else "")
