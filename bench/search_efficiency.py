@@ -807,12 +807,16 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path,
 
 
 def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None = None,
-          keep: list[str] | None = None) -> None:
+          keep: list[str] | None = None, recordings: list[str] | None = None) -> None:
     """One table from several earlier outputs (e.g. default+random uncapped, then Optuna's
     own samplers capped, run separately to fit a time budget); with ``keep``, only those
     samplers' runs (e.g. the random runs of a random + Kernel Tuner output, whose Kernel Tuner
-    rows join the check through ``earlier_kt`` instead)."""
+    rows join the check through ``earlier_kt`` instead); with ``recordings``, only the runs
+    and Kernel Tuner rows of those recordings (by file name), so one removed from the tree
+    leaves the table."""
     documents = [read_output(p) for p in paths]
+    if recordings is not None:
+        documents, earlier_kt = _of_recordings(documents, earlier_kt, recordings)
     if keep:
         held = {r["sampler"] for d in documents for r in d["runs"]}
         absent = [name for name in keep if name not in held]
@@ -846,6 +850,28 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
             "seconds": sum(d["seconds"] for d in documents),
             "merged_from": [Path(p).name for p in paths]}
     report(results, meta, out, earlier_kt)
+
+
+def _of_recordings(documents: list[dict[str, Any]], earlier_kt: list[dict[str, Any]] | None,
+                   recordings: list[str]) -> tuple[list[dict[str, Any]],
+                                                   list[dict[str, Any]] | None]:
+    """Outputs and Kernel Tuner rows cut to the runs of these recordings' file names; what is
+    dropped is said on stderr (a recording named in no output is an error: a typo)."""
+    names = {Path(r).name for r in recordings}
+    held = {r["recording"] for d in documents for r in d["runs"]}
+    absent = sorted(names - held)
+    if absent:
+        raise SystemExit(f"--merge-recordings: no run of {', '.join(absent)} in the merged "
+                         f"outputs")
+    dropped = sorted(held - names)
+    if dropped:
+        print(f"--merge-recordings: left out the runs of {len(dropped)} recording(s) not "
+              f"named: {', '.join(dropped)}", file=sys.stderr)
+    documents = [{**d, "runs": [r for r in d["runs"] if r["recording"] in names],
+                  "recordings": [r for r in d["recordings"] if r in names]}
+                 for d in documents]
+    kept_kt = None if earlier_kt is None else [r for r in earlier_kt if r["recording"] in names]
+    return documents, kept_kt
 
 
 def _only(document: dict[str, Any], samplers: set[str]) -> dict[str, Any]:
@@ -1021,6 +1047,11 @@ def arguments() -> argparse.ArgumentParser:
                              "take the random runs of a random + Kernel Tuner output whose "
                              "Kernel Tuner rows join through --kernel-tuner-from (default: "
                              "every run)")
+    parser.add_argument("--merge-recordings", nargs="+", default=None, metavar="FILE",
+                        help="with --merge: only the runs and Kernel Tuner rows of these "
+                             "recordings (matched by file name), e.g. tuner/recordings/*.json.gz "
+                             "so a recording since removed or renamed leaves the table "
+                             "(default: every run)")
     return parser
 
 
@@ -1033,8 +1064,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--kernel-tuner-from: {error}")
     if args.merge_samplers and not args.merge:
         parser.error("--merge-samplers needs --merge (it picks runs of the merged outputs)")
+    if args.merge_recordings and not args.merge:
+        parser.error("--merge-recordings needs --merge (it picks runs of the merged outputs)")
     if args.merge:
-        merge(args.merge, Path(args.out), earlier_kt, args.merge_samplers)
+        merge(args.merge, Path(args.out), earlier_kt, args.merge_samplers,
+              args.merge_recordings)
         return 0
 
     paths = args.recording or [str(p) for p in sorted(RECORDINGS.glob("*.json.gz"))]

@@ -242,3 +242,49 @@ def test_merge_samplers_keeps_only_the_named_samplers_runs(tmp_path, capsys):
             bench.main([*argv, "--out", str(tmp_path / "never.json")])
         assert message in f"{stopped.value.code} {capsys.readouterr().err}"
         assert not (tmp_path / "never.json").exists()
+
+
+def test_merge_recordings_keeps_only_the_named_recordings_runs(tmp_path, capsys):
+    """--merge-recordings cuts the merged runs and the --kernel-tuner-from rows to the named
+    recordings (by file name, so a recording removed from the tree leaves the table) and says
+    what it left out; a name no output holds, or the option without --merge, is a clear error
+    that writes nothing."""
+    naive = kernels.FAMILIES["naive"]
+    bench = search_efficiency()
+    outputs = []
+    for name, shape in (("kept", (96, 80, 64)), ("gone", (64, 48, 32))):
+        recording = record_with_evaluator(StandInEvaluator(), [naive], [Problem(*shape)],
+                                          max_configs=1000)
+        path = str(recording.save(tmp_path / f"{name}.json.gz"))
+        out = tmp_path / f"{name}.json"
+        assert bench.main(["--recording", path, "--samplers", "default", "random", "--seeds",
+                           "2", "--workers", "1", "--kernel-tuner", "none",
+                           "--out", str(out)]) == 0
+        outputs.append(str(out))
+    # as an earlier Kernel Tuner output: a best strategy row for each recording
+    kt = tmp_path / "kt.json"
+    bench.write_output(kt, {**json.loads(open(outputs[0]).read()), "kernel_tuner_best": [
+        {"recording": f"{name}.json.gz", "family": "naive", "shape": shape, "strategy": "kt:mls",
+         "median": 30, "p90": 40, "runs": 2, "max_evals": 99}
+        for name, shape in (("kept", "96x80x64"), ("gone", "64x48x32"))]})
+    merged = tmp_path / "merged.json"
+    capsys.readouterr()
+    assert bench.main(["--merge", *outputs, "--merge-recordings",
+                       str(tmp_path / "kept.json.gz"), "--kernel-tuner-from", str(kt),
+                       "--out", str(merged)]) == 0
+    assert "left out the runs of 1 recording(s) not named: gone.json.gz" in capsys.readouterr().err
+    document = json.loads(merged.read_text())
+    assert {r["recording"] for r in document["runs"]} == {"kept.json.gz"}
+    assert len(document["runs"]) == 4 and document["recordings"] == ["kept.json.gz"]
+    assert [r["recording"] for r in document["kernel_tuner_best"]] == ["kept.json.gz"]
+    assert [t["recording"] for t in document["target"]] == ["kept.json.gz"]
+    everything = tmp_path / "everything.json"
+    assert bench.main(["--merge", *outputs, "--out", str(everything)]) == 0
+    assert len(json.loads(everything.read_text())["runs"]) == 8  # default: every run
+    for argv, message in ((["--merge", *outputs, "--merge-recordings", "typo.json.gz"],
+                           "no run of typo.json.gz"),
+                          (["--merge-recordings", "kept.json.gz"], "needs --merge")):
+        with pytest.raises(SystemExit) as stopped:
+            bench.main([*argv, "--out", str(tmp_path / "never.json")])
+        assert message in f"{stopped.value.code} {capsys.readouterr().err}"
+        assert not (tmp_path / "never.json").exists()
