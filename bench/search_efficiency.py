@@ -10,6 +10,8 @@
     # a table grown by new pairs: their random runs, and Kernel Tuner's rows by reference
     python bench/search_efficiency.py --merge table.json new-default.json new-random-kt.json \
         --merge-samplers default random --kernel-tuner-from new-random-kt.json
+    # only the recordings in the tree now (one removed or renamed leaves the table):
+    python bench/search_efficiency.py --merge table.json --merge-recordings tuner/recordings/*.json.gz
     # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
