@@ -209,7 +209,7 @@ def test_a_rows_examples_do_not_depend_on_how_the_files_are_named_or_ordered(pat
 
     bench = search_efficiency()
     h100, _ = paths
-    bundled = [str(BUNDLED_RECORDINGS / f"h100-tf32x3-{tag}.json.gz") for tag in ("2560", "s28")]
+    bundled = [str(BUNDLED_RECORDINGS / f"h100-tf32x3-{tag}.json.gz") for tag in ("2560", "s43")]
     plain = options(warm_start=False, cross_model=False)
     replay = bench.plan(sorted([h100, *bundled]), ["default"], plain)[0]
     fresh = bench.plan([h100], ["default"], plain, learn_from=[*reversed(bundled), h100])[0]
