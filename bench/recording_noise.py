@@ -120,12 +120,13 @@ def retime(pairs: Sequence[Pair], top: int, rounds: int, gpu: int, workers: int,
                 continue
             family = kernels.get_family(pair.family)
             chosen = recording.fastest(pair.family, pair.problem, top)
-            for config, _ in chosen:  # queue every compile before the first timing
-                pool.submit(family, dict(config))
+            # every compile queued before the first timing, each kept for all the rounds
+            compiles = {tuple(config.items()): pool.submit(family, dict(config))
+                        for config, _ in chosen}
             measurer.set_problem(pair.problem)
 
             def measure(config: dict[str, int]) -> RecordedResult:
-                return measurer.measure(family, config, pool.submit(family, config))
+                return measurer.measure(family, config, compiles[tuple(config.items())])
 
             timed = time_in_rounds([dict(c) for c, _ in chosen], rounds, measure, rng)
             values = [[float(r.gflops) if r.usable else 0.0 for r in round_] for round_ in timed]

@@ -320,9 +320,12 @@ def sweep_gpu(families: Sequence[Any], problems: Sequence[Problem], *, max_confi
                     futures[key] = pool.submit(family, config)
 
         def measure(family: Any, config: dict[str, int]) -> RecordedResult:
-            # the sweep's configs were queued above; a resumed file's re-timed ones compile now
-            return gpu.measure(family, config, futures.get((family.name, tuple(config.items())))
-                               or pool.submit(family, config))
+            # the sweep's configs were queued above; a resumed file's re-timed ones are queued
+            # on their first round and kept for the others
+            key = (family.name, tuple(config.items()))
+            if key not in futures:
+                futures[key] = pool.submit(family, config)
+            return gpu.measure(family, config, futures[key])
 
         total, done, stopped = sum(map(len, todo.values())), 0, None
         retimed = 0
