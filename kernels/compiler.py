@@ -133,20 +133,20 @@ def compile_program(program: str, arch: str, name: str = "gemm.cu") -> tuple[byt
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _program(family: Family, config: Config, arch: str) -> tuple[str, str]:
-    """The program text and compile target of one config (ConfigError if rejected)."""
+def _program(family: Family, config: Config, arch: str, layout: str = "nn") -> tuple[str, str]:
+    """The program text and compile target of one config and layout (ConfigError if rejected)."""
     from kernels.space import ConfigError
 
     reasons = family.reject_reasons(config, arch)
     if reasons:
         raise ConfigError(f"{family.name} config {dict(config)} rejected: " + "; ".join(reasons))
-    return family.program(config), family.target(arch)  # e.g. sm_90a where it needs wgmma
+    return family.program(config, layout), family.target(arch)  # e.g. sm_90a where it needs wgmma
 
 
-def cubin_key(family: Family, config: Config, arch: str = "sm_90") -> str:
+def cubin_key(family: Family, config: Config, arch: str = "sm_90", layout: str = "nn") -> str:
     """What addresses the config's CUBIN: configs that differ only in launch-time parameters
-    (RASTER, SPLITK) share it. ConfigError where the family rejects the config."""
-    return cache_key(*_program(family, config, arch))
+    (RASTER, SPLITK) share it; layouts do not. ConfigError where the family rejects the config."""
+    return cache_key(*_program(family, config, arch, layout))
 
 
 def _paths(key: str, cache_dir: Path | str | None) -> tuple[Path, Path]:
@@ -155,10 +155,10 @@ def _paths(key: str, cache_dir: Path | str | None) -> tuple[Path, Path]:
     return folder / f"{key}.cubin", folder / f"{key}.json"
 
 
-def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None
+def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None, layout: str = "nn"
            ) -> tuple[str, str, Path, Path]:
     """The program text, compile target and cache files of one config (ConfigError if rejected)."""
-    program, target = _program(family, config, arch)
+    program, target = _program(family, config, arch, layout)
     return program, target, *_paths(cache_key(program, target), cache_dir)
 
 
@@ -180,17 +180,18 @@ def cached_cubin(key: str, arch: str = "sm_90", cache_dir: Path | str | None = N
 
 
 def cached_config(family: Family, config: Config, arch: str = "sm_90",
-                  cache_dir: Path | str | None = None) -> CompiledKernel | None:
+                  cache_dir: Path | str | None = None, layout: str = "nn") -> CompiledKernel | None:
     """The config's CUBIN where the on-disk cache holds it, else None; never compiles (a
     millisecond: what a caller can do inline instead of queueing a compile)."""
-    return cached_cubin(cubin_key(family, config, arch), arch, cache_dir)
+    return cached_cubin(cubin_key(family, config, arch, layout), arch, cache_dir)
 
 
 def compile_config(family: Family, config: Config, arch: str = "sm_90",
-                   cache_dir: Path | str | None = None) -> CompiledKernel:
-    """Compile one config of a family, through the on-disk cache. Rejected configs raise ConfigError."""
+                   cache_dir: Path | str | None = None, layout: str = "nn") -> CompiledKernel:
+    """Compile one config of a family for a layout (kernels.layout), through the on-disk cache.
+    Rejected configs raise ConfigError."""
     start = time.perf_counter()
-    program, target, cubin_path, meta_path = _entry(family, config, arch, cache_dir)
+    program, target, cubin_path, meta_path = _entry(family, config, arch, cache_dir, layout)
     found = _read_entry(cubin_path, meta_path, arch, start)
     if found is not None:
         return found
@@ -204,7 +205,7 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
         if family.kernel_name not in resources:
             raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
         seconds = time.perf_counter() - start
-        meta = {"family": family.name, "config": dict(config), "arch": target,
+        meta = {"family": family.name, "config": dict(config), "layout": layout, "arch": target,
                 "nvrtc": nvrtc_version(), "log": log,
                 "resources": {k: asdict(v) for k, v in resources.items()}}
         _atomic_write(cubin_path, cubin)

@@ -5,7 +5,8 @@ import ctypes
 import threading
 from typing import Any, Sequence
 
-from kernels.space import Config, Family, Launch, TensorMap
+from kernels.layout import check_batch, stored_shapes
+from kernels.space import Config, Family, Launch, TensorMap, div_up
 
 # Errors after which the context is unusable; the process must be replaced.
 STICKY_ERRORS = {
@@ -67,24 +68,34 @@ def device_arch(device: int = 0) -> str:
     return _ARCHS[device]
 
 
-def tma_ready(address: int, row_elements: int) -> bool:
-    """TMA reads FP32 rows only from 16-byte aligned addresses with 16-byte multiple strides."""
-    return address % 16 == 0 and row_elements % 4 == 0
+def tma_ready(address: int, row_elements: int, batch_stride: int = 0, batch: int = 1) -> bool:
+    """TMA reads FP32 rows only from 16-byte aligned addresses with 16-byte multiple strides (a
+    batch stride of 0, a broadcast operand, it cannot express). The kernels' own tma_ready
+    (wgmma.cu) applies the same rule."""
+    return (address % 16 == 0 and row_elements % 4 == 0
+            and (batch == 1 or (batch_stride != 0 and batch_stride % 4 == 0)))
 
 
-def encode_tensor_map(tm: TensorMap, operands: dict[str, tuple[int, int]], workspace: int) -> Any:
-    """A CUtensorMap for one call: the view `tm` over the call's A or B (operands: name ->
-    (address, leading dimension)) or its workspace (see TensorMap)."""
+# An operand as the launcher passes it: (address, leading dimension, batch stride) in elements.
+Operand = tuple[int, int, int]
+
+
+def encode_tensor_map(tm: TensorMap, operands: dict[str, Operand], workspace: int) -> Any:
+    """A CUtensorMap for one call: the view `tm` over the call's A or B as stored (operands: name
+    -> (address, leading dimension, batch stride)) or its workspace (see TensorMap)."""
     from cuda.bindings import driver
 
     if tm.base in operands:
-        address, ld = operands[tm.base]
-        if not tma_ready(address, ld):
+        address, ld, batch_stride = operands[tm.base]
+        batch = tm.dims[-1]
+        if not tma_ready(address, ld, batch_stride, batch):
             if tm.fallback is None:
-                raise ValueError(f"{tm.base.upper()} must be 16-byte aligned with a leading dimension "
-                                 "that is a multiple of 4 for this kernel")
+                raise ValueError(f"{tm.base.upper()} must be 16-byte aligned with a leading dimension and batch "
+                                 "stride that are multiples of 4 for this kernel")
             return encode_tensor_map(tm.fallback, operands, workspace)
-        strides = (4 * ld,)
+        if batch == 1:  # any 16-byte multiple will do: the coordinate is always 0
+            batch_stride = div_up(ld * tm.dims[1], 4) * 4
+        strides = (4 * ld, 4 * batch_stride)
     elif tm.base == "workspace":
         address, strides = workspace + tm.offset, tm.strides
     else:
@@ -101,10 +112,11 @@ def encode_tensor_map(tm: TensorMap, operands: dict[str, tuple[int, int]], works
 
 
 # Every family's kernel signature (kernels.space.KERNEL_SIGNATURE): m, n, k, alpha, A, lda, B, ldb,
-# beta, C, ldc, workspace, then the launch's own splits and raster.
+# beta, C, ldc, workspace, bias, the batch strides of A, B and C, then the launch's own splits and
+# raster.
 _PARAM_TYPES = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
                 ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                ctypes.c_int, ctypes.c_int)
+                ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int)
 
 
 class LoadedKernel:
@@ -134,24 +146,30 @@ class LoadedKernel:
 
     def launch(self, m: int, n: int, k: int, alpha: float, a: int, lda: int, b: int, ldb: int,
                beta: float, c: int, ldc: int, workspace: int = 0, stream: Any = 0,
-               launches: Sequence[Launch] | None = None) -> None:
+               launches: Sequence[Launch] | None = None, bias: int = 0,
+               strides: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Run the launch sequence (``launches``: this shape's, else the one it was loaded with;
-        passed in rather than stored, so threads running other shapes never see each other's)."""
+        passed in rather than stored, so threads running other shapes never see each other's).
+        a, b, c, bias: device addresses (bias 0: none); strides: batch strides of A, B, C in
+        elements (the batch count is in the launches' grids)."""
         from cuda.bindings import driver
 
-        args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace)
+        args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace, bias, *strides)
         types = _PARAM_TYPES
         for launch in self.launches if launches is None else launches:
             params = (args + (launch.splits, launch.raster), types)
             if launch.tensor_maps:
-                operands = {"a": (a, lda), "b": (b, ldb)}
+                operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
                 maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
                 params = (params[0] + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
             check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
                                         launch.shared_bytes, stream, params, 0),
                   f"cuLaunchKernel({launch.kernel})")
 
-    def _tensor_map(self, tm: TensorMap, operands: dict[str, tuple[int, int]], workspace: int) -> Any:
+    def name_of(self, handle: int) -> str:
+        return next((name for name, fn in self.functions.items() if int(fn) == handle), "?")
+
+    def _tensor_map(self, tm: TensorMap, operands: dict[str, Operand], workspace: int) -> Any:
         key = (tm, operands.get(tm.base), workspace)
         found = self._maps.get(key)
         if found is None:
@@ -172,21 +190,33 @@ def device_pointer(x: Any, name: str) -> int:
     """A device address from a raw pointer or anything with __cuda_array_interface__."""
     if isinstance(x, int):
         return x
+    return _geometry(x, name, 1, 1)[0]
+
+
+def _geometry(x: Any, name: str, rows: int, cols: int) -> tuple[int, int, int]:
+    """(address, leading dimension, batch stride) of a float32 matrix or batch of matrices: a
+    raw pointer is dense (ld = cols, stride = rows * cols); an array with
+    __cuda_array_interface__ (2-D, or 3-D with the batch first) says its own strides, and must
+    have unit stride along its rows."""
+    if isinstance(x, int):
+        return x, cols, rows * cols
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is None:
         raise TypeError(f"{name} must be a device pointer (int) or have __cuda_array_interface__, got {type(x).__name__}")
     if cai.get("typestr") not in ("<f4", "=f4", "f4"):
         raise TypeError(f"{name} must hold float32 data, got typestr {cai.get('typestr')!r}")
-    if cai.get("strides") not in (None,) and len(cai["shape"]) == 2 and cai["strides"][1] != 4:
-        raise ValueError(f"{name} must be row-major (unit stride along columns)")
-    return int(cai["data"][0])
-
-
-def _leading_dim(x: Any, default: int) -> int:
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai and cai.get("strides") and len(cai["shape"]) == 2:
-        return cai["strides"][0] // 4
-    return default
+    shape = tuple(cai["shape"])
+    if len(shape) not in (2, 3):
+        raise ValueError(f"{name} must be 2-D (a matrix) or 3-D (a batch of matrices), got shape {shape}")
+    strides = cai.get("strides")
+    if strides is None:
+        ld, stride = shape[-1], shape[-1] * shape[-2]
+    else:
+        if strides[-1] != 4:
+            raise ValueError(f"{name} must have unit stride along its rows (got byte strides {tuple(strides)})")
+        ld = strides[-2] // 4
+        stride = strides[0] // 4 if len(shape) == 3 else ld * shape[-2]
+    return int(cai["data"][0]), ld, stride
 
 
 def _stream_handle(stream: Any) -> int:
@@ -198,36 +228,120 @@ def _stream_handle(stream: Any) -> int:
     raise TypeError(f"stream must be an int handle or a CuPy/PyTorch stream, got {type(stream).__name__}")
 
 
+_LIBCUDA: Any = None
+
+
+def _libcuda() -> Any:
+    """libcuda's cuLaunchKernel through ctypes: the launch path of a Plan, where cuda-python's
+    argument conversion would cost more than the launch itself."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _LIBCUDA = lib
+    return _LIBCUDA
+
+
+class Plan:
+    """One (family, config, layout, shape, batch) ready to run on a device: the loaded kernel, its
+    launch sequence, the workspace it needs, and its kernel parameters in a ctypes block, so
+    that a call writes only what changed (pointers, scalars) and launches."""
+
+    def __init__(self, kernel: LoadedKernel, launches: Sequence[Launch], workspace_bytes: int,
+                 dims: tuple[int, int, int]):
+        self.kernel = kernel
+        self.launches = tuple(launches)
+        self.workspace_bytes = workspace_bytes
+        self.dims = dims
+        self._lock = threading.Lock()
+        m, n, k = dims
+        self._args = [t() for t in _PARAM_TYPES]
+        self._args[0].value, self._args[1].value, self._args[2].value = m, n, k
+        most = max(len(launch.tensor_maps) for launch in self.launches)
+        self._params = (ctypes.c_void_p * (len(_PARAM_TYPES) + most))(
+            *[ctypes.addressof(x) for x in self._args], *([None] * most))
+        self._calls = [(int(kernel.functions[launch.kernel]), *launch.grid, *launch.block, launch.shared_bytes,
+                        launch.splits, launch.raster, launch.tensor_maps) for launch in self.launches]
+
+    def run(self, a: int, lda: int, b: int, ldb: int, c: int, ldc: int, alpha: float = 1.0, beta: float = 0.0,
+            *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,
+            stream: int = 0) -> None:
+        """C = alpha*op(A)*op(B) + beta*C (+ bias) for device addresses, asynchronously on
+        `stream`; workspace: at least ``workspace_bytes`` of device memory (when > 0)."""
+        launch = _libcuda().cuLaunchKernel
+        args = self._args
+        with self._lock:
+            for i, v in ((3, alpha), (4, a), (5, lda), (6, b), (7, ldb), (8, beta), (9, c), (10, ldc),
+                         (11, workspace), (12, bias), (13, strides[0]), (14, strides[1]), (15, strides[2])):
+                args[i].value = v
+            for fn, gx, gy, gz, bx, by, bz, shared, splits, raster, maps in self._calls:
+                args[16].value, args[17].value = splits, raster
+                held = []  # the encoded maps stay referenced until the launch has copied them
+                if maps:
+                    operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
+                    for j, tm in enumerate(maps):
+                        held.append(self.kernel._tensor_map(tm, operands, workspace))
+                        self._params[len(_PARAM_TYPES) + j] = held[-1].getPtr()
+                err = launch(fn, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
+                if err:
+                    from cuda.bindings import driver
+
+                    raise CudaError(f"cuLaunchKernel({self.kernel.name_of(fn)})", driver.CUresult(err))
+
+
 _LOADED: dict[tuple, LoadedKernel] = {}
 _WORKSPACE: dict[tuple[int, int], tuple[int, int]] = {}  # (device, stream) → (ptr, bytes)
-# Per (device, family, config, shape): the loaded kernel, the launch sequence and the workspace
-# bytes it needs. Working the geometry out is pure Python costing more than the launch itself
-# (tens of µs for wgmma), so repeated calls of one shape take it from here.
-_PLANS: dict[tuple, tuple[LoadedKernel, tuple[Launch, ...], int]] = {}
+# Per (device, family, config, layout, shape, batch): the Plan. Working the geometry out is pure
+# Python costing more than the launch itself (tens of µs for wgmma), so repeated calls of one
+# shape take it from here.
+_PLANS: dict[tuple, Plan] = {}
 PLAN_CACHE = 4096  # entries before the plan cache starts over
 _PLAN_LOCK = threading.Lock()
 
 
-def _plan(fam: Family, config: Config, m: int, n: int, k: int, device: int, arch: str,
-          key: tuple) -> tuple[LoadedKernel, tuple[Launch, ...], int]:
+def plan(family: Family | str, config: Config, m: int, n: int, k: int, *, layout: str = "nn", batch: int = 1,
+         device: int = 0) -> Plan:
+    """The cached Plan of one config for one problem on `device` (compiled, or taken from the
+    CUBIN cache, and loaded on first use); makes the device's context current."""
+    from kernels import get_family
+
+    fam = get_family(family) if isinstance(family, str) else family
+    arch = device_arch(device)  # also makes the device's context current
+    # the config's items in the caller's order: cheaper than sorting, and an order seen twice
+    # only costs a second entry
+    key = (device, fam.name, tuple(config.items()), layout, m, n, k, batch)
+    found = _PLANS.get(key)
+    if found is None:
+        found = _new_plan(fam, config, m, n, k, layout, batch, device, arch, key)
+    return found
+
+
+def _new_plan(fam: Family, config: Config, m: int, n: int, k: int, layout: str, batch: int, device: int,
+              arch: str, key: tuple) -> Plan:
     from kernels.compiler import compile_config
 
-    launches = tuple(fam.launches(config, m, n, k))
-    need = fam.workspace_bytes(config, m, n, k)
-    with _PLAN_LOCK:  # one compile and module load per config, however many threads ask
-        loaded_key = (device, fam.name, tuple(sorted(config.items())), arch)
+    check_batch(batch)
+    launches = tuple(fam.launches(config, m, n, k, layout, batch))
+    need = fam.workspace_bytes(config, m, n, k, layout, batch)
+    with _PLAN_LOCK:  # one compile and module load per program, however many threads ask
+        loaded_key = (device, fam.name, tuple(sorted(config.items())), layout, arch)
         kernel = _LOADED.get(loaded_key)
         if kernel is None:
-            kernel = _LOADED[loaded_key] = LoadedKernel(compile_config(fam, config, arch).cubin, launches)
+            kernel = _LOADED[loaded_key] = LoadedKernel(compile_config(fam, config, arch, layout=layout).cubin,
+                                                        launches)
         if len(_PLANS) >= PLAN_CACHE:
             _PLANS.clear()
-        plan = _PLANS[key] = (kernel, launches, need)
-    return plan
+        made = _PLANS[key] = Plan(kernel, launches, need, (m, n, k))
+    return made
 
 
-def _workspace(device: int, stream: int, need: int) -> int:
+def workspace(device: int, stream: int, need: int) -> int:
     """The split-K/pack workspace of (device, stream), grown to ``need`` bytes. One per stream:
-    calls on one stream run in order and can share it; calls on two streams may overlap."""
+    calls on one stream run in order and can share it; calls on two streams may overlap.
+    (Allocating is not allowed while a stream is captured into a CUDA graph: callers that may
+    be captured pass workspace of their own, e.g. from PyTorch's allocator.)"""
     from cuda.bindings import driver
 
     ptr, size = _WORKSPACE.get((device, stream), (0, 0))
@@ -245,25 +359,28 @@ def _workspace(device: int, stream: int, need: int) -> int:
 
 
 def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n: int, k: int,
-         alpha: float = 1.0, beta: float = 0.0, *, stream: Any = 0, device: int = 0) -> None:
-    """C = alpha*A*B + beta*C on the GPU with one family and config (asynchronous on `stream`).
+         alpha: float = 1.0, beta: float = 0.0, *, layout: str = "nn", batch: int = 1,
+         lda: int | None = None, ldb: int | None = None, ldc: int | None = None,
+         strides: tuple[int, int, int] | None = None, bias: Any = None, stream: Any = 0, device: int = 0) -> None:
+    """C = alpha*op(A)*op(B) + beta*C (+ bias along each row) on the GPU with one family and
+    config, asynchronously on `stream`; a batch of `batch` such problems where batch > 1.
 
-    a, b, c: row-major float32 device data (CuPy/PyTorch arrays, or raw pointers with
-    lda=k, ldb=n, ldc=n). The CUBIN is compiled (or taken from the cache) on first use.
+    a, b, c: float32 device data as stored for `layout` (kernels.layout: A is M×K, or K×M when
+    transposed; B is K×N, or N×K), each a CuPy/PyTorch array (2-D, or 3-D with the batch first;
+    unit stride along rows; its strides give the leading dimension and batch stride) or a raw
+    pointer (dense). lda / ldb / ldc and strides (the batch strides of A, B, C in elements)
+    override what the arrays say. bias: N floats (array or pointer) or None. The CUBIN is
+    compiled (or taken from the cache) on first use.
     """
-    from kernels import get_family
-
-    fam = get_family(family) if isinstance(family, str) else family
-    pa, pb, pc = device_pointer(a, "a"), device_pointer(b, "b"), device_pointer(c, "c")
-    arch = device_arch(device)  # also makes the device's context current
-    # the config's items in the caller's order: cheaper than sorting, and an order seen twice
-    # only costs a second entry
-    key = (device, fam.name, tuple(config.items()), m, n, k)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _plan(fam, config, m, n, k, device, arch, key)
-    kernel, launches, need = plan
+    (ra, ca), (rb, cb) = stored_shapes(layout, m, n, k)
+    pa, la, sa = _geometry(a, "a", ra, ca)
+    pb, lb, sb = _geometry(b, "b", rb, cb)
+    pc, lc, sc = _geometry(c, "c", m, n)
+    if strides is not None:
+        sa, sb, sc = strides
+    made = plan(family, config, m, n, k, layout=layout, batch=batch, device=device)
     handle = _stream_handle(stream)
-    workspace = _workspace(device, handle, need) if need else 0
-    kernel.launch(m, n, k, alpha, pa, _leading_dim(a, k), pb, _leading_dim(b, n), beta, pc,
-                  _leading_dim(c, n), workspace, handle, launches)
+    ws = workspace(device, handle, made.workspace_bytes) if made.workspace_bytes else 0
+    made.run(pa, la if lda is None else lda, pb, lb if ldb is None else ldb, pc, lc if ldc is None else ldc,
+             alpha, beta, bias=0 if bias is None else device_pointer(bias, "bias"),
+             strides=(sa, sb, sc) if batch > 1 else (0, 0, 0), workspace=ws, stream=handle)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from kernels.layout import MAX_BATCH_GRID, check_batch, transposed
+
 Config = Mapping[str, int]
 
 FAMILY_DIR = Path(__file__).parent / "families"
@@ -19,7 +21,8 @@ FAMILY_DIR = Path(__file__).parent / "families"
 KERNEL_SIGNATURE = (
     "int M, int N, int K, float alpha, const float* __restrict__ A, int lda, "
     "const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, "
-    "float* __restrict__ workspace, int splits, int raster"
+    "float* __restrict__ workspace, const float* __restrict__ bias, long long stride_a, "
+    "long long stride_b, long long stride_c, int splits, int raster"
 )
 
 # Shared memory a block may opt in to, per architecture (bytes); used by constraints so that a
@@ -63,9 +66,10 @@ class TensorMap:
     (cuTensorMapEncodeTiled) and passed by value after the common kernel arguments.
 
     base "workspace": the view starts `offset` bytes into the workspace, with `strides` given.
-    base "a" / "b": the view is the call's A or B (row stride lda / ldb); TMA needs a 16-byte
-    aligned address and row stride, so where the operand is not, `fallback` (a workspace view of
-    an aligned copy, which the family's own pre-pass makes under the same rule) is used instead.
+    base "a" / "b": the view is the call's A or B as stored, with its batch entries as the last
+    dimension (strides: its leading dimension and batch stride); TMA needs a 16-byte aligned
+    address and strides, so where the operand is not, `fallback` (a workspace view of an aligned
+    copy, which the family's own pre-pass makes under the same rule) is used instead.
     """
 
     base: str
@@ -158,28 +162,35 @@ class Family:
         and block-order group height (1 where the family has no RASTER parameter)."""
         return {"splits": self.splits(c), "raster": int(c["RASTER"]) if "RASTER" in c else 1}
 
-    def launches(self, c: Config, m: int, n: int, k: int) -> list[Launch]:
+    def launches(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> list[Launch]:
+        """The launch sequence for a (batch of) m×n×k problem(s) in ``layout`` (kernels.layout):
+        the GEMM's grid is (tiles, 1, batch × splits), the split-K reduction's (m·n / 256, batch)."""
         self.validate(c)
         check_dims(m, n, k)
+        transposed(layout)
+        check_batch(batch)
         tm, tn = self.tiles(c, m, n)
         blocks = div_up(m, tm) * div_up(n, tn)
         values = self.launch_values(c)
-        main = Launch(self.kernel_name, (blocks, 1, values["splits"]), (self.threads(c), 1, 1), self.shared_bytes(c),
-                      **values)
+        if batch * values["splits"] > MAX_BATCH_GRID:
+            raise ValueError(f"batch {batch} x {values['splits']} split-K slices exceeds one launch's "
+                             f"{MAX_BATCH_GRID} grid z-blocks; launch the batch in parts")
+        main = Launch(self.kernel_name, (blocks, 1, batch * values["splits"]), (self.threads(c), 1, 1),
+                      self.shared_bytes(c), **values)
         if values["splits"] == 1:
             return [main]
         reduce_threads = 256
-        return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), 1, 1), (reduce_threads, 1, 1), 0,
-                             **values)]
+        return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), batch, 1), (reduce_threads, 1, 1),
+                             0, **values)]
 
-    def main_launch(self, c: Config, m: int, n: int, k: int) -> Launch:
+    def main_launch(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> Launch:
         """The GEMM kernel's own launch (occupancy and resources describe it), wherever it runs
         in the sequence: a family may launch a pre-pass before it and a reduction after it."""
-        return next(launch for launch in self.launches(c, m, n, k) if launch.kernel == self.kernel_name)
+        return next(launch for launch in self.launches(c, m, n, k, layout, batch) if launch.kernel == self.kernel_name)
 
-    def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:
+    def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:
         s = self.splits(c)
-        return 0 if s == 1 else s * m * n * 4
+        return 0 if s == 1 else batch * s * m * n * 4
 
     def flops(self, m: int, n: int, k: int) -> int:
         return 2 * m * n * k
@@ -194,12 +205,15 @@ class Family:
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
-    def program(self, c: Config) -> str:
-        """The full CUDA text for one config: compile-time parameters as macros ahead of the
-        source, and SPLIT (1 where K is sliced); launch-time parameters are left out."""
+    def program(self, c: Config, layout: str = "nn") -> str:
+        """The full CUDA text for one config and layout: compile-time parameters as macros ahead
+        of the source, SPLIT (1 where K is sliced) and the layout's TA / TB; launch-time
+        parameters are left out."""
         self.validate(c)
+        ta, tb = transposed(layout)
         defines = "".join(f"#define {p.name} {int(c[p.name])}\n" for p in self.params if not p.launch_time)
-        return defines + f"#define SPLIT {int(self.splits(c) > 1)}\n" + self.source
+        return (defines + f"#define SPLIT {int(self.splits(c) > 1)}\n#define TA {int(ta)}\n#define TB {int(tb)}\n"
+                + self.source)
 
     # --- parameter space ---------------------------------------------------------------------
     def validate(self, c: Config) -> None:

@@ -3,6 +3,7 @@
 #define NT (BM * BN / TM)
 #include "common.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
+    SELECT_BATCH_ENTRY();
     extern __shared__ float smem[];
     float* As = smem;            // [BM][BK]
     float* Bs = smem + BM * BK;  // [BK][BN]
@@ -15,11 +16,11 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     for (int k0 = 0; k0 < K; k0 += BK) {
         for (int i = tid; i < BM * BK; i += NT) {
             const int r = i / BK, c = i % BK;
-            As[i] = (row0 + r < M && k0 + c < K) ? A[(size_t)(row0 + r) * lda + k0 + c] : 0.0f;
+            As[i] = (row0 + r < M && k0 + c < K) ? A_AT(row0 + r, k0 + c) : 0.0f;
         }
         for (int i = tid; i < BK * BN; i += NT) {
             const int r = i / BN, c = i % BN;
-            Bs[i] = (k0 + r < K && col0 + c < N) ? B[(size_t)(k0 + r) * ldb + col0 + c] : 0.0f;
+            Bs[i] = (k0 + r < K && col0 + c < N) ? B_AT(k0 + r, col0 + c) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -36,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
         const int row = row0 + tr * TM + i;
         if (row < M && col < N) {
             float* c = C + (size_t)row * ldc + col;
-            *c = epilogue(acc[i], alpha, beta, c);
+            *c = epilogue(acc[i], alpha, beta, c, bias, col);
         }
     }
 }

@@ -1,11 +1,36 @@
-// Shared by every family. Parameters arrive as macros defined ahead of this text.
-// Row-major A (M x K, lda), B (K x N, ldb), C (M x N, ldc); C = alpha*A*B + beta*C.
+// Shared by every family. Parameters arrive as macros defined ahead of this text, with the
+// problem's layout: TA (A is stored transposed: element (m, k) at A[k * lda + m]) and TB (B is
+// stored transposed: element (k, n) at B[n * ldb + k]); otherwise A (M x K) and B (K x N) are
+// row-major. C (M x N) is row-major with leading dimension ldc. C = alpha*op(A)*op(B) + beta*C
+// (+ bias[n] on every row where bias is not null).
+//
+// Batched problems: gridDim.z = batch * SLICES, and batch entry b reads A + b*stride_a,
+// B + b*stride_b and writes C + b*stride_c (strides in elements; one bias for every entry).
 #define DIV_UP(a, b) (((a) + (b) - 1) / (b))
+#ifndef TA
+#define TA 0
+#endif
+#ifndef TB
+#define TB 0
+#endif
 
-#define GEMM_ARGS                                                                        \
-    int M, int N, int K, float alpha, const float* __restrict__ A, int lda,              \
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc, \
-        float* __restrict__ workspace, int splits, int raster
+#define GEMM_ARGS                                                                                    \
+    int M, int N, int K, float alpha, const float* __restrict__ A, int lda,                          \
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,             \
+        float* __restrict__ workspace, const float* __restrict__ bias, long long stride_a,            \
+        long long stride_b, long long stride_c, int splits, int raster
+
+// Element accessors for the families that read A and B one element at a time.
+#if TA
+#define A_AT(m, k) A[(size_t)(k) * lda + (m)]
+#else
+#define A_AT(m, k) A[(size_t)(m) * lda + (k)]
+#endif
+#if TB
+#define B_AT(k, n) B[(size_t)(n) * ldb + (k)]
+#else
+#define B_AT(k, n) B[(size_t)(k) * ldb + (n)]
+#endif
 
 // Launch-time values, passed as the last two arguments so that configs differing only in them
 // share one compiled program (issue 19: fewer compiles): `splits`, the slices of K (gridDim.z of
@@ -13,6 +38,17 @@
 // SLICES is `splits` where the program slices K and a constant 1 where it does not, so that an
 // unsliced kernel's K loop compiles as it did with a constant (it measured ~2% faster so).
 #define SLICES (SPLIT ? splits : 1)
+// blockIdx.z = batch entry * SLICES + slice of K (a constant 0 where K is not sliced).
+#define SLICE ((int)(blockIdx.z % SLICES))
+#define BATCH_ENTRY ((long long)(blockIdx.z / SLICES))
+// Moves A, B and C to this block's batch entry (the pointers are the kernel's own copies).
+#define SELECT_BATCH_ENTRY()                       \
+    do {                                           \
+        const long long entry_ = BATCH_ENTRY;      \
+        A += entry_ * stride_a;                    \
+        B += entry_ * stride_b;                    \
+        C += entry_ * stride_c;                    \
+    } while (0)
 
 // Block order: groups of `raster` tile-rows are walked column by column, so blocks that run at
 // the same time share A rows and B columns in L2. raster = 1 is plain row-major order (families
@@ -28,9 +64,12 @@ __device__ __forceinline__ void tile_coords(int& tile_m, int& tile_n, int tiles_
     tile_n = in_group / rows;
 }
 
-// beta == 0 never reads C, so NaNs already in C do not leak into the result.
-__device__ __forceinline__ float epilogue(float acc, float alpha, float beta, const float* c) {
-    return beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+// beta == 0 never reads C, so NaNs already in C do not leak into the result. `col` indexes the
+// bias vector (bias is null for a plain GEMM).
+__device__ __forceinline__ float epilogue(float acc, float alpha, float beta, const float* c,
+                                          const float* __restrict__ bias, int col) {
+    float v = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+    return bias ? v + bias[col] : v;
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) {
@@ -46,27 +85,29 @@ __device__ __forceinline__ float sum_slices(const float* __restrict__ w, long lo
     return sum;
 }
 
-// Sums the `splits` partial products in workspace ([splits][M][N]) into C. Same signature as
-// every kernel so that one launcher serves all families.
+// Sums the `splits` partial products in workspace ([batch][splits][M][N]) into C. Same signature
+// as every kernel so that one launcher serves all families; its grid is (M*N / threads, batch).
 #if SPLIT
 extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long mn = (long long)M * N;
-    if (idx >= mn) return;
+    if (at >= mn) return;
+    const long long entry = blockIdx.y;
+    const float* w = workspace + entry * splits * mn + at;
     // One constant-count loop per count the families offer: a loop bounded at run time issued
-    // its loads one by one (splitk 1024^3, SPLITK 2: -2%; bench/NOTES.md, session 12).
+    // its loads one by one (measured 2% slower on splitk 1024^3 with SPLITK 2).
     float sum = 0.0f;
     switch (splits) {
-        case 2: sum = sum_slices<2>(workspace, mn, idx); break;
-        case 4: sum = sum_slices<4>(workspace, mn, idx); break;
-        case 8: sum = sum_slices<8>(workspace, mn, idx); break;
-        case 16: sum = sum_slices<16>(workspace, mn, idx); break;
-        case 32: sum = sum_slices<32>(workspace, mn, idx); break;
+        case 2: sum = sum_slices<2>(w, mn, 0); break;
+        case 4: sum = sum_slices<4>(w, mn, 0); break;
+        case 8: sum = sum_slices<8>(w, mn, 0); break;
+        case 16: sum = sum_slices<16>(w, mn, 0); break;
+        case 32: sum = sum_slices<32>(w, mn, 0); break;
         default:
-            for (int s = 0; s < splits; ++s) sum += workspace[s * mn + idx];
+            for (int s = 0; s < splits; ++s) sum += w[s * mn];
     }
-    const int row = (int)(idx / N), col = (int)(idx % N);
-    float* c = C + (size_t)row * ldc + col;
-    *c = epilogue(sum, alpha, beta, c);
+    const int row = (int)(at / N), col = (int)(at % N);
+    float* c = C + entry * stride_c + (size_t)row * ldc + col;
+    *c = epilogue(sum, alpha, beta, c, bias, col);
 }
 #endif

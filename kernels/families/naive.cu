@@ -2,6 +2,7 @@
 // Rung 1: one thread per element of C. COALESCED = 1 puts consecutive threads on consecutive
 // columns (coalesced loads of B and stores of C); COALESCED = 0 puts them on consecutive rows.
 extern "C" __global__ void __launch_bounds__(BX * BY) gemm(GEMM_ARGS) {
+    SELECT_BATCH_ENTRY();
     int tile_m, tile_n;
 #if COALESCED
     tile_coords(tile_m, tile_n, DIV_UP(M, BY), DIV_UP(N, BX), 1);
@@ -13,10 +14,8 @@ extern "C" __global__ void __launch_bounds__(BX * BY) gemm(GEMM_ARGS) {
     const int col = tile_n * BY + threadIdx.x / BX;
 #endif
     if (row >= M || col >= N) return;
-    const float* a = A + (size_t)row * lda;
-    const float* b = B + col;
     float acc = 0.0f;
-    for (int k = 0; k < K; ++k) acc += a[k] * b[(size_t)k * ldb];
+    for (int k = 0; k < K; ++k) acc += A_AT(row, k) * B_AT(k, col);
     float* c = C + (size_t)row * ldc + col;
-    *c = epilogue(acc, alpha, beta, c);
+    *c = epilogue(acc, alpha, beta, c, bias, col);
 }

@@ -7,13 +7,15 @@
 #include "warptile.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
+    SELECT_BATCH_ENTRY();
     int tile_m, tile_n;
     tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
+    const bool vec_a = (lda % 4 == 0) && aligned16(A);
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes a whole number of BK tiles.
     const int k_chunk = DIV_UP(DIV_UP(K, SLICES), BK) * BK;
-    const int k_begin = blockIdx.z * k_chunk;
+    const int k_begin = SLICE * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
     const WarpPos p = warp_position();
@@ -23,8 +25,8 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ktiles) {
             float* As = smem + s * (A_TILE_FLOATS + B_TILE_FLOATS);
-            load_a_tile_async(As, A, lda, M, K, row0, k_begin + s * BK, k_end);
-            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, K, col0, k_begin + s * BK, k_end, vec_b);
+            load_a_tile_async(As, A, lda, M, row0, k_begin + s * BK, k_end, vec_a);
+            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, col0, k_begin + s * BK, k_end, vec_b);
         }
         cp_async_commit();
     }
@@ -34,8 +36,8 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
         const int next = t + STAGES - 1;
         if (next < ktiles) {
             float* As = smem + (next % STAGES) * (A_TILE_FLOATS + B_TILE_FLOATS);
-            load_a_tile_async(As, A, lda, M, K, row0, k_begin + next * BK, k_end);
-            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, K, col0, k_begin + next * BK, k_end, vec_b);
+            load_a_tile_async(As, A, lda, M, row0, k_begin + next * BK, k_end, vec_a);
+            load_b_tile_async(As + A_TILE_FLOATS, B, ldb, N, col0, k_begin + next * BK, k_end, vec_b);
         }
         cp_async_commit();
         const float* As = smem + (t % STAGES) * (A_TILE_FLOATS + B_TILE_FLOATS);
@@ -45,9 +47,10 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
 
 #if SPLIT
     float* partial = workspace + (size_t)blockIdx.z * M * N;
-    warp_tile_store(partial, N, M, N, row0, col0, p, acc, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace));
+    warp_tile_store(partial, N, M, N, row0, col0, p, acc, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace),
+                    nullptr);
 #else
     const bool vec_c = (ldc % 4 == 0) && aligned16(C);
-    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c);
+    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c, bias);
 #endif
 }

@@ -14,13 +14,15 @@
 #include "cp_async.cuh"
 
 // Batch of rows k .. k+UNROLL into one ring slot; zeros past the slice, the matrix or its rows.
+// A transposed operand (TA, TB) has no contiguous run along the slot's rows: it takes the
+// element-wise copies.
 __device__ __forceinline__ void stage_batch(float* slot, const float* __restrict__ A, int lda,
                                             const float* __restrict__ B, int ldb, int M, int N, int row0,
                                             int col, int k, int k_end, bool vec_a, bool vec_b) {
     const int lane = threadIdx.x % 32;
     float* Bs = slot + lane * 4;
     const bool full_rows = k + UNROLL <= k_end;
-    if (vec_b && full_rows && col + 4 <= N) {
+    if (!TB && vec_b && full_rows && col + 4 <= N) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) cp_async16(Bs + u * BN, B + (size_t)(k + u) * ldb + col);
     } else {
@@ -29,7 +31,7 @@ __device__ __forceinline__ void stage_batch(float* slot, const float* __restrict
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const bool in = k + u < k_end && col + j < N;
-                cp_async4(Bs + u * BN + j, in ? B + (size_t)(k + u) * ldb + col + j : B, in);
+                cp_async4(Bs + u * BN + j, in ? &B_AT(k + u, col + j) : B, in);
             }
     }
     constexpr int A_CHUNKS = TM * UNROLL / 4;
@@ -37,14 +39,13 @@ __device__ __forceinline__ void stage_batch(float* slot, const float* __restrict
 #pragma unroll
     for (int c = lane; c < A_CHUNKS; c += 32) {
         const int i = c / (UNROLL / 4), u = (c % (UNROLL / 4)) * 4;
-        const float* src = A + (size_t)(row0 + i) * lda + k + u;
-        if (vec_a && full_rows && row0 + i < M) {
-            cp_async16(As + i * UNROLL + u, src);
+        if (!TA && vec_a && full_rows && row0 + i < M) {
+            cp_async16(As + i * UNROLL + u, A + (size_t)(row0 + i) * lda + k + u);
         } else {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const bool in = row0 + i < M && k + u + q < k_end;
-                cp_async4(As + i * UNROLL + u + q, in ? src + q : A, in);
+                cp_async4(As + i * UNROLL + u + q, in ? &A_AT(row0 + i, k + u + q) : A, in);
             }
         }
     }
@@ -75,18 +76,20 @@ __device__ __forceinline__ void multiply_batch(float (&acc)[TM][4], const float*
 
 // One output: into C (alpha, beta) or, with split-K, into this slice's plane of the workspace.
 __device__ __forceinline__ void store_out(float* __restrict__ C, int ldc, float* __restrict__ workspace, int M,
-                                          int N, int row, int col, float v, float alpha, float beta) {
+                                          int N, int row, int col, float v, float alpha, float beta,
+                                          const float* __restrict__ bias) {
     if (row >= M || col >= N) return;
 #if SPLIT
     workspace[(size_t)blockIdx.z * M * N + (size_t)row * N + col] = v;
 #else
     float* c = C + (size_t)row * ldc + col;
-    *c = epilogue(v, alpha, beta, c);
+    *c = epilogue(v, alpha, beta, c, bias, col);
 #endif
 }
 
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
+    SELECT_BATCH_ENTRY();
     // The M tiles of one column slice are neighbours in launch order, so they share B in L2.
     const int tiles_m = DIV_UP(M, TM);
     const int row0 = (blockIdx.x % tiles_m) * TM, col0 = (blockIdx.x / tiles_m) * BN;
@@ -96,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes whole batches, so a batch never straddles two splits.
     const int k_chunk = DIV_UP(DIV_UP(K, SLICES), UNROLL) * UNROLL;
-    const int k_begin = blockIdx.z * k_chunk;
+    const int k_begin = SLICE * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     // This warp's batches: warp, warp + WK, warp + 2*WK, ... of the slice.
     const int batches = k_end > k_begin ? DIV_UP(k_end - k_begin, UNROLL) : 0;
@@ -135,12 +138,12 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
         float s = 0.0f;
 #pragma unroll
         for (int w = 0; w < WK; ++w) s += partial[w * TM * BN + idx];
-        store_out(C, ldc, workspace, M, N, row0 + idx / BN, col0 + idx % BN, s, alpha, beta);
+        store_out(C, ldc, workspace, M, N, row0 + idx / BN, col0 + idx % BN, s, alpha, beta, bias);
     }
 #else
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) store_out(C, ldc, workspace, M, N, row0 + i, col + j, acc[i][j], alpha, beta);
+        for (int j = 0; j < 4; ++j) store_out(C, ldc, workspace, M, N, row0 + i, col + j, acc[i][j], alpha, beta, bias);
 #endif
 }

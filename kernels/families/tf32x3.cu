@@ -4,15 +4,28 @@
 // MMAs per product still outrun FP32 FFMA by a wide margin, at FP32-level accuracy.
 //
 // Block tile BM x BN, STAGES-deep cp.async ring of BK-deep slices; warps own WM x WN tiles made of
-// mma.m16n8k8 tiles. Shared layouts are row-major with pads chosen so fragment reads hit 32
-// distinct banks: As[BM][BK + 4] (A fragments via ldmatrix.x4), Bs[BK][BN + 8] (scalar reads).
+// mma.m16n8k8 tiles. Tiles keep the stored matrix's orientation (16-byte copies whatever the
+// layout), with pads chosen so fragment reads hit 32 distinct banks: k-contiguous tiles have rows
+// of BK + 4 (row-major A: As[BM][BK + 4], read with ldmatrix.x4; transposed B: Bs[BN][BK + 4]),
+// the others rows of BM + 8 / BN + 8 (transposed A: As[BK][BM + 8]; row-major B: Bs[BK][BN + 8]),
+// read one element at a time. A stage holds the larger of the two shapes, so a config needs the
+// same shared memory in every layout.
 #define NT (32 * (BM / WM) * (BN / WN))
 #define MI (WM / 16)
 #define NI (WN / 8)
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+#if TA
+#define LDA_S (BM + 8)
+#else
 #define LDA_S (BK + 4)
+#endif
+#if TB
+#define LDB_S (BK + 4)
+#else
 #define LDB_S (BN + 8)
-#define A_TILE_FLOATS (BM * LDA_S)
-#define B_TILE_FLOATS (BK * LDB_S)
+#endif
+#define A_TILE_FLOATS MAX2(BM * (BK + 4), BK * (BM + 8))
+#define B_TILE_FLOATS MAX2(BK * (BN + 8), BN * (BK + 4))
 #define STAGE_FLOATS (A_TILE_FLOATS + B_TILE_FLOATS)
 #include "common.cuh"
 
@@ -92,10 +105,16 @@ __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int
 #pragma unroll
         for (int ks = 0; ks < KG; ++ks)
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
+            for (int ni = 0; ni < NI; ++ni) {  // B fragment: (k t, n g) and (k t + 4, n g)
+#if TB
+                const float* p = Bs + (warp_n0 + ni * 8 + g) * LDB_S + k0 + ks * 8 + t;
+                split_tf32(p[0], b_big[ks][ni][0], b_small[ks][ni][0]);
+                split_tf32(p[4], b_big[ks][ni][1], b_small[ks][ni][1]);
+#else
                 const float* p = Bs + (k0 + ks * 8 + t) * LDB_S + warp_n0 + ni * 8 + g;
                 split_tf32(p[0], b_big[ks][ni][0], b_small[ks][ni][0]);
                 split_tf32(p[4 * LDB_S], b_big[ks][ni][1], b_small[ks][ni][1]);
+#endif
             }
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
@@ -103,10 +122,18 @@ __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int
 #pragma unroll
             for (int ks = 0; ks < KG; ++ks) {
                 float a[4];
+#if TA  // A fragment: (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4)
+                const float* p = As + (k0 + ks * 8 + t) * LDA_S + warp_m0 + mi * 16 + g;
+                a[0] = p[0];
+                a[1] = p[8];
+                a[2] = p[4 * LDA_S];
+                a[3] = p[4 * LDA_S + 8];
+#else
                 const float* p = As + (warp_m0 + mi * 16 + a_row) * LDA_S + k0 + ks * 8 + a_col;
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                              : "=f"(a[0]), "=f"(a[1]), "=f"(a[2]), "=f"(a[3])
                              : "r"(smem_addr(p)));
+#endif
 #pragma unroll
                 for (int j = 0; j < 4; ++j) split_tf32(a[j], a_big[ks][j], a_small[ks][j]);
             }
@@ -130,9 +157,11 @@ __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int
     }
 }
 
-// Two adjacent outputs of one row (the accumulator pairs of the m16n8 C fragment).
+// Two adjacent outputs of one row (the accumulator pairs of the m16n8 C fragment); bias (null for
+// none) is added along the row.
 __device__ __forceinline__ void store2(float* C, int ldc, int M, int N, int row, int col, float v0,
-                                       float v1, float alpha, float beta, bool vec_c) {
+                                       float v1, float alpha, float beta, bool vec_c,
+                                       const float* __restrict__ bias) {
     if (row >= M) return;
     float* c = C + (size_t)row * ldc + col;
     if (vec_c && col + 1 < N) {
@@ -142,15 +171,20 @@ __device__ __forceinline__ void store2(float* C, int ldc, int M, int N, int row,
             out.x += beta * old.x;
             out.y += beta * old.y;
         }
+        if (bias) {
+            out.x += bias[col];
+            out.y += bias[col + 1];
+        }
         *reinterpret_cast<float2*>(c) = out;
     } else {
-        if (col < N) c[0] = epilogue(v0, alpha, beta, c);
-        if (col + 1 < N) c[1] = epilogue(v1, alpha, beta, c + 1);
+        if (col < N) c[0] = epilogue(v0, alpha, beta, c, bias, col);
+        if (col + 1 < N) c[1] = epilogue(v1, alpha, beta, c + 1, bias, col + 1);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
+    SELECT_BATCH_ENTRY();
     int tile_m, tile_n;
     tile_coords(tile_m, tile_n, DIV_UP(M, BM), DIV_UP(N, BN), raster);
     const int row0 = tile_m * BM, col0 = tile_n * BN;
@@ -158,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     // Each split takes a whole number of BK slices.
     const int k_chunk = DIV_UP(DIV_UP(K, SLICES), BK) * BK;
-    const int k_begin = blockIdx.z * k_chunk;
+    const int k_begin = SLICE * k_chunk;
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
     const int warp = threadIdx.x / 32;
@@ -168,9 +202,18 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     auto load_stage = [&](int stage, int tile) {
         float* As = smem + stage * STAGE_FLOATS;
         const int k0 = k_begin + tile * BK;
+#if TA
+        load_tile_async<BK, BM, LDA_S>(As, A + (size_t)k0 * lda + row0, lda, k_end - k0, M - row0, vec_a);
+#else
         load_tile_async<BM, BK, LDA_S>(As, A + (size_t)row0 * lda + k0, lda, M - row0, k_end - k0, vec_a);
+#endif
+#if TB
+        load_tile_async<BN, BK, LDB_S>(As + A_TILE_FLOATS, B + (size_t)col0 * ldb + k0, ldb, N - col0,
+                                       k_end - k0, vec_b);
+#else
         load_tile_async<BK, BN, LDB_S>(As + A_TILE_FLOATS, B + (size_t)k0 * ldb + col0, ldb, k_end - k0,
                                        N - col0, vec_b);
+#endif
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -193,11 +236,13 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     float* out = workspace + (size_t)blockIdx.z * M * N;
     const int ld_out = N;
     const float a_out = 1.0f, b_out = 0.0f;
+    const float* bias_out = nullptr;
     const bool vec_out = (N % 2 == 0);
 #else
     float* out = C;
     const int ld_out = ldc;
     const float a_out = alpha, b_out = beta;
+    const float* bias_out = bias;
     const bool vec_out = (ldc % 2 == 0) && ((reinterpret_cast<unsigned long long>(C) & 7ull) == 0);
 #endif
 #pragma unroll
@@ -205,7 +250,8 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {
             const int row = row0 + warp_m0 + mi * 16 + g, col = col0 + warp_n0 + ni * 8 + t2;
-            store2(out, ld_out, M, N, row, col, acc[mi][ni][0], acc[mi][ni][1], a_out, b_out, vec_out);
-            store2(out, ld_out, M, N, row + 8, col, acc[mi][ni][2], acc[mi][ni][3], a_out, b_out, vec_out);
+            store2(out, ld_out, M, N, row, col, acc[mi][ni][0], acc[mi][ni][1], a_out, b_out, vec_out, bias_out);
+            store2(out, ld_out, M, N, row + 8, col, acc[mi][ni][2], acc[mi][ni][3], a_out, b_out, vec_out,
+                   bias_out);
         }
 }

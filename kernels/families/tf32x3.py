@@ -2,7 +2,13 @@
 from kernels.families.blocktile2d import RASTER
 from kernels.space import Config, Constraint, Family, Param
 
-A_PAD, B_PAD = 4, 8  # shared-memory row pads of tf32x3.cu (bank-conflict-free fragment reads)
+K_PAD, MN_PAD = 4, 8  # shared-memory row pads of tf32x3.cu (bank-conflict-free fragment reads)
+
+
+def tile_floats(rows: int, bk: int) -> int:
+    """A stage's tile of A (rows = BM) or B (rows = BN) in either orientation: tf32x3.cu keeps
+    the larger, so a config needs the same shared memory in every layout."""
+    return max(rows * (bk + K_PAD), bk * (rows + MN_PAD))
 
 
 def warps(c: Config) -> int:
@@ -54,7 +60,7 @@ class Tf32x3(Family):
         return 32 * warps(c)
 
     def shared_bytes(self, c: Config) -> int:
-        return 4 * c["STAGES"] * (c["BM"] * (c["BK"] + A_PAD) + c["BK"] * (c["BN"] + B_PAD))
+        return 4 * c["STAGES"] * (tile_floats(c["BM"], c["BK"]) + tile_floats(c["BN"], c["BK"]))
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return c["BM"], c["BN"]

@@ -10,91 +10,145 @@
 #define A_TILE_FLOATS (BK * LDA_S)
 #define B_TILE_FLOATS (BK * LDB_S)
 
+// Two ways a tile moves from a stored matrix G (row-major, leading dimension ld; already offset
+// to the tile's first element) into shared memory S (row stride LD_S), whatever the layout:
+//   copy:      S[r][c] = G[r][c]   (the stored rows are the shared rows: float4 moves)
+//   transpose: S[c][r] = G[r][c]   (each element scattered to its own shared row)
+// rows_left / cols_left bound the stored matrix: elements outside it become zero. A is kept as
+// As[BK][BM] and B as Bs[BK][BN], so which of the two each operand takes depends on its layout:
+// row-major A (k contiguous) and transposed B (k contiguous) are transposed on the way in.
+
 // ---- synchronous loads (global -> registers -> shared) --------------------------------------
 // Fast path: the whole tile lies inside the matrix and rows are 16-byte aligned, so each thread
 // moves float4s. Otherwise every element is predicated (zero outside the matrix).
-__device__ __forceinline__ void load_a_tile(float* As, const float* A, int lda, int M, int K,
-                                            int row0, int k0, bool vec_a) {
+template <int ROWS, int COLS, int LD_S>
+__device__ __forceinline__ void copy_tile(float* S, const float* G, int ld, int rows_left, int cols_left,
+                                          bool vec) {
     const int tid = threadIdx.x;
-    if (vec_a && row0 + BM <= M && k0 + BK <= K) {
+    if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-        for (int it = 0; it < BM * BK / 4 / NT; ++it) {
+        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
             const int idx = tid + it * NT;
-            const int r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
-            const float4 v = *reinterpret_cast<const float4*>(A + (size_t)(row0 + r) * lda + k0 + c);
-            As[(c + 0) * LDA_S + r] = v.x;
-            As[(c + 1) * LDA_S + r] = v.y;
-            As[(c + 2) * LDA_S + r] = v.z;
-            As[(c + 3) * LDA_S + r] = v.w;
+            const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
+            *reinterpret_cast<float4*>(S + r * LD_S + c) = *reinterpret_cast<const float4*>(G + (size_t)r * ld + c);
         }
     } else {
-        for (int i = tid; i < BM * BK; i += NT) {
-            const int r = i / BK, c = i % BK;
-            As[c * LDA_S + r] = (row0 + r < M && k0 + c < K) ? A[(size_t)(row0 + r) * lda + k0 + c] : 0.0f;
+        for (int i = tid; i < ROWS * COLS; i += NT) {
+            const int r = i / COLS, c = i % COLS;
+            S[r * LD_S + c] = (r < rows_left && c < cols_left) ? G[(size_t)r * ld + c] : 0.0f;
         }
     }
 }
 
-__device__ __forceinline__ void load_b_tile(float* Bs, const float* B, int ldb, int N, int K,
-                                            int col0, int k0, bool vec_b) {
+template <int ROWS, int COLS, int LD_S>
+__device__ __forceinline__ void transpose_tile(float* S, const float* G, int ld, int rows_left, int cols_left,
+                                               bool vec) {
     const int tid = threadIdx.x;
-    if (vec_b && col0 + BN <= N && k0 + BK <= K) {
+    if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-        for (int it = 0; it < BK * BN / 4 / NT; ++it) {
+        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
             const int idx = tid + it * NT;
-            const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-            *reinterpret_cast<float4*>(Bs + r * LDB_S + c) =
-                *reinterpret_cast<const float4*>(B + (size_t)(k0 + r) * ldb + col0 + c);
+            const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
+            const float4 v = *reinterpret_cast<const float4*>(G + (size_t)r * ld + c);
+            S[(c + 0) * LD_S + r] = v.x;
+            S[(c + 1) * LD_S + r] = v.y;
+            S[(c + 2) * LD_S + r] = v.z;
+            S[(c + 3) * LD_S + r] = v.w;
         }
     } else {
-        for (int i = tid; i < BK * BN; i += NT) {
-            const int r = i / BN, c = i % BN;
-            Bs[r * LDB_S + c] = (k0 + r < K && col0 + c < N) ? B[(size_t)(k0 + r) * ldb + col0 + c] : 0.0f;
+        for (int i = tid; i < ROWS * COLS; i += NT) {
+            const int r = i / COLS, c = i % COLS;
+            S[c * LD_S + r] = (r < rows_left && c < cols_left) ? G[(size_t)r * ld + c] : 0.0f;
         }
     }
+}
+
+// As[BK][BM] <- A's rows row0.., depths k0.. (k < K).
+__device__ __forceinline__ void load_a_tile(float* As, const float* A, int lda, int M, int K,
+                                            int row0, int k0, bool vec_a) {
+#if TA
+    copy_tile<BK, BM, LDA_S>(As, A + (size_t)k0 * lda + row0, lda, K - k0, M - row0, vec_a);
+#else
+    transpose_tile<BM, BK, LDA_S>(As, A + (size_t)row0 * lda + k0, lda, M - row0, K - k0, vec_a);
+#endif
+}
+
+// Bs[BK][BN] <- B's depths k0.. (k < K), columns col0...
+__device__ __forceinline__ void load_b_tile(float* Bs, const float* B, int ldb, int N, int K,
+                                            int col0, int k0, bool vec_b) {
+#if TB
+    transpose_tile<BN, BK, LDB_S>(Bs, B + (size_t)col0 * ldb + k0, ldb, N - col0, K - k0, vec_b);
+#else
+    copy_tile<BK, BN, LDB_S>(Bs, B + (size_t)k0 * ldb + col0, ldb, K - k0, N - col0, vec_b);
+#endif
 }
 
 // ---- asynchronous loads (cp.async, sm_80+) ---------------------------------------------------
 #include "cp_async.cuh"
 
-// A is transposed on the way in, one 4-byte copy per element (a 16-byte copy cannot scatter).
-__device__ __forceinline__ void load_a_tile_async(float* As, const float* A, int lda, int M, int K,
-                                                  int row0, int k0, int k_end) {
+// 16-byte copies where the tile is inside the matrix and aligned, else predicated 4-byte copies
+// (src-size 0 zero-fills).
+template <int ROWS, int COLS, int LD_S>
+__device__ __forceinline__ void copy_tile_async(float* S, const float* G, int ld, int rows_left, int cols_left,
+                                                bool vec) {
     const int tid = threadIdx.x;
+    if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-    for (int it = 0; it < DIV_UP(BM * BK, NT); ++it) {
-        const int i = tid + it * NT;
-        if (BM * BK % NT == 0 || i < BM * BK) {
-            const int r = i / BK, c = i % BK;
-            const bool in = row0 + r < M && k0 + c < k_end;
-            cp_async4(As + c * LDA_S + r, in ? A + (size_t)(row0 + r) * lda + k0 + c : A, in);
+        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
+            const int idx = tid + it * NT;
+            const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
+            cp_async16(S + r * LD_S + c, G + (size_t)r * ld + c);
+        }
+    } else {
+        for (int i = tid; i < ROWS * COLS; i += NT) {
+            const int r = i / COLS, c = i % COLS;
+            const bool in = r < rows_left && c < cols_left;
+            cp_async4(S + r * LD_S + c, in ? G + (size_t)r * ld + c : G, in);
         }
     }
 }
 
-__device__ __forceinline__ void load_b_tile_async(float* Bs, const float* B, int ldb, int N, int K,
-                                                  int col0, int k0, int k_end, bool vec_b) {
+// Transposed on the way in: one 4-byte copy per element (a 16-byte copy cannot scatter).
+template <int ROWS, int COLS, int LD_S>
+__device__ __forceinline__ void transpose_tile_async(float* S, const float* G, int ld, int rows_left,
+                                                     int cols_left) {
     const int tid = threadIdx.x;
-    if (vec_b && col0 + BN <= N && k0 + BK <= k_end) {
 #pragma unroll
-        for (int it = 0; it < BK * BN / 4 / NT; ++it) {
-            const int idx = tid + it * NT;
-            const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-            cp_async16(Bs + r * LDB_S + c, B + (size_t)(k0 + r) * ldb + col0 + c);
-        }
-    } else {
-        for (int i = tid; i < BK * BN; i += NT) {
-            const int r = i / BN, c = i % BN;
-            const bool in = k0 + r < k_end && col0 + c < N;
-            cp_async4(Bs + r * LDB_S + c, in ? B + (size_t)(k0 + r) * ldb + col0 + c : B, in);
+    for (int it = 0; it < DIV_UP(ROWS * COLS, NT); ++it) {
+        const int i = tid + it * NT;
+        if (ROWS * COLS % NT == 0 || i < ROWS * COLS) {
+            const int r = i / COLS, c = i % COLS;
+            const bool in = r < rows_left && c < cols_left;
+            cp_async4(S + c * LD_S + r, in ? G + (size_t)r * ld + c : G, in);
         }
     }
+}
+
+// As[BK][BM] <- A's rows row0.., depths k0.. (k < k_end: a split-K slice ends there).
+__device__ __forceinline__ void load_a_tile_async(float* As, const float* A, int lda, int M, int row0, int k0,
+                                                  int k_end, bool vec_a) {
+#if TA
+    copy_tile_async<BK, BM, LDA_S>(As, A + (size_t)k0 * lda + row0, lda, k_end - k0, M - row0, vec_a);
+#else
+    transpose_tile_async<BM, BK, LDA_S>(As, A + (size_t)row0 * lda + k0, lda, M - row0, k_end - k0);
+#endif
+}
+
+__device__ __forceinline__ void load_b_tile_async(float* Bs, const float* B, int ldb, int N, int col0, int k0,
+                                                  int k_end, bool vec_b) {
+#if TB
+    transpose_tile_async<BN, BK, LDB_S>(Bs, B + (size_t)col0 * ldb + k0, ldb, N - col0, k_end - k0);
+#else
+    copy_tile_async<BK, BN, LDB_S>(Bs, B + (size_t)k0 * ldb + col0, ldb, k_end - k0, N - col0, vec_b);
+#endif
 }
 
 // ---- epilogue ---------------------------------------------------------------------------------
 // Four consecutive outputs of one row; float4 when the row is aligned and inside the matrix.
+// bias (null for none) is added along the row: bias[col + j].
 __device__ __forceinline__ void store4(float* C, int ldc, int M, int N, int row, int col,
-                                       const float* v, float alpha, float beta, bool vec_c) {
+                                       const float* v, float alpha, float beta, bool vec_c,
+                                       const float* __restrict__ bias) {
     if (row >= M) return;
     float* c = C + (size_t)row * ldc + col;
     if (vec_c && col + 3 < N) {
@@ -106,10 +160,16 @@ __device__ __forceinline__ void store4(float* C, int ldc, int M, int N, int row,
             out = make_float4(alpha * v[0] + beta * old.x, alpha * v[1] + beta * old.y,
                               alpha * v[2] + beta * old.z, alpha * v[3] + beta * old.w);
         }
+        if (bias) {
+            out.x += bias[col];
+            out.y += bias[col + 1];
+            out.z += bias[col + 2];
+            out.w += bias[col + 3];
+        }
         *reinterpret_cast<float4*>(c) = out;
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (col + j < N) c[j] = epilogue(v[j], alpha, beta, c + j);
+            if (col + j < N) c[j] = epilogue(v[j], alpha, beta, c + j, bias, col + j);
     }
 }

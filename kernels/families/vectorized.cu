@@ -5,6 +5,7 @@
 #include "tiles.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
+    SELECT_BATCH_ENTRY();
     float* As = smem;
     float* Bs = smem + A_TILE_FLOATS;
     int tile_m, tile_n;
@@ -39,5 +40,5 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; j += 4)
-            store4(C, ldc, M, N, row0 + tr * TM + i, col0 + tc * TN + j, &acc[i][j], alpha, beta, vec_c);
+            store4(C, ldc, M, N, row0 + tr * TM + i, col0 + tc * TN + j, &acc[i][j], alpha, beta, vec_c, bias);
 }

@@ -5,6 +5,7 @@
 #include "warptile.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
+    SELECT_BATCH_ENTRY();
     float* As = smem;
     float* Bs = smem + A_TILE_FLOATS;
     int tile_m, tile_n;
@@ -22,5 +23,5 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
         warp_tile_mma(As, Bs, p, acc);
         __syncthreads();
     }
-    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c);
+    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c, bias);
 }

@@ -51,7 +51,8 @@ __device__ __forceinline__ void warp_tile_mma(const float* As, const float* Bs, 
 
 __device__ __forceinline__ void warp_tile_store(float* C, int ldc, int M, int N, int row0, int col0,
                                                 WarpPos p, const float (&acc)[FRAG_M][FRAG_N],
-                                                float alpha, float beta, bool vec_c) {
+                                                float alpha, float beta, bool vec_c,
+                                                const float* __restrict__ bias) {
 #pragma unroll
     for (int mi = 0; mi < WMITER; ++mi)
 #pragma unroll
@@ -61,5 +62,5 @@ __device__ __forceinline__ void warp_tile_store(float* C, int ldc, int M, int N,
 #pragma unroll
                 for (int j = 0; j < TN; j += 4)
                     store4(C, ldc, M, N, row0 + p.row + mi * WSUBM + i, col0 + p.col + ni * WSUBN + j,
-                           &acc[mi * TM + i][ni * TN + j], alpha, beta, vec_c);
+                           &acc[mi * TM + i][ni * TN + j], alpha, beta, vec_c, bias);
 }

@@ -16,6 +16,12 @@
 // pays where N or M*N is small). B is read by TMA where it and ldb are 16-byte aligned, else
 // from an aligned copy the pre-pass makes.
 //
+// Layouts: a transposed A (TA) is not K-major, so the pre-pass always packs it (ASPLIT does not
+// apply). B's tile is read into registers element by element, so it comes in either orientation:
+// row-major B as BN/32 boxes of [BK][32] (N contiguous), a transposed B (TB; e.g. x @ W.T) as
+// BK/32 boxes of [BN][32] (K contiguous). Batched problems read batch entry b through the maps'
+// third coordinate (b, or 2b + part for the packed A).
+//
 // The tensor core truncates when it accumulates, so each consumer sums FLUSH k-steps (8 deep,
 // three MMAs each) from zero in the tensor core and adds them to FP32 accumulators with a
 // round-to-nearest FADD (the same cure as tf32x3's KGROUP).
@@ -25,6 +31,7 @@
 #define A_ATOM_BYTES (BM * 128)                // BM rows x 32 floats, TMA 128-byte swizzle
 #define A_STAGE_BYTES (2 * KATOMS * A_ATOM_BYTES)  // big atoms, then small atoms
 #define B_BOX_BYTES (BK * 128)                 // BK rows x 32 floats of B, 128-byte swizzle
+#define BT_BOX_BYTES (BN * 128)                // TB: BN rows x 32 floats (k) of B
 #define B_STAGE_BYTES ((BN / 32) * B_BOX_BYTES)
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
 #if WGS == 1
@@ -44,21 +51,28 @@ struct __align__(64) TmaDesc {
     unsigned long long v[16];
 };
 
-// Workspace layout (floats), mirrored by wgmma.py: [splits][M][N] split-K partials (when
-// SPLIT), then A's big and small parts [2][M][Kp], then B's aligned copy [K][Np] (used only
-// when B or ldb is not 16-byte aligned). Offsets are rounded up to 64 floats (256 bytes).
+// Workspace layout (floats), mirrored by wgmma.py: [batch][splits][M][N] split-K partials (when
+// SPLIT), then A's big and small parts [batch][2][M][Kp], then B's aligned copy (used only when
+// TMA cannot read B in place): [batch][K][Np], or [batch][N][Kp] for a transposed B. Offsets are
+// rounded up to 64 floats (256 bytes).
 __device__ __forceinline__ long long round64(long long x) { return (x + 63) / 64 * 64; }
-__device__ __forceinline__ long long ws_a_offset(int M, int N, int splits) {
-    return SPLIT ? round64((long long)splits * M * N) : 0;
+__device__ __forceinline__ int padded4(int x) { return (x + 3) & ~3; }
+__device__ __forceinline__ long long ws_a_offset(int M, int N, int splits, int batch) {
+    return SPLIT ? round64((long long)batch * splits * M * N) : 0;
 }
-__device__ __forceinline__ long long ws_b_offset(int M, int N, int K, int splits) {
-    return ws_a_offset(M, N, splits) + round64(2ll * M * ((K + 3) & ~3));
+__device__ __forceinline__ long long ws_b_offset(int M, int N, int K, int splits, int batch) {
+    return ws_a_offset(M, N, splits, batch) + round64(2ll * batch * M * padded4(K));
 }
-__device__ __forceinline__ bool b_tma_ready(const float* B, int ldb) { return aligned16(B) && (ldb & 3) == 0; }
+// TMA reads an operand in place where its address, row stride and batch stride are 16-byte
+// multiples (a batch stride of 0, a broadcast operand, it cannot express); kernels/runtime.py
+// applies the same rule when it encodes the maps.
+__device__ __forceinline__ bool tma_ready(const float* X, int ld, long long stride, int batch) {
+    return aligned16(X) && (ld & 3) == 0 && (batch == 1 || (stride != 0 && (stride & 3) == 0));
+}
 // ASPLIT = 1: where TMA can read A in place, the kernel splits it in shared memory (no pre-pass
-// for A); elsewhere the pre-pass packs it as with ASPLIT = 0. The launcher applies the same rule.
-__device__ __forceinline__ bool a_split_in_kernel(const float* A, int lda) {
-    return ASPLIT && aligned16(A) && (lda & 3) == 0;
+// for A); elsewhere the pre-pass packs it as with ASPLIT = 0.
+__device__ __forceinline__ bool a_split_in_kernel(const float* A, int lda, long long stride_a, int batch) {
+    return ASPLIT && !TA && tma_ready(A, lda, stride_a, batch);
 }
 
 // big = x rounded to nearest TF32, so small = x - big (exact) takes either sign: the tensor core's
@@ -76,34 +90,52 @@ __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
     small = x - big;
 }
 
-// The pre-pass: A -> [big | small] (zero-padded to Kp), and B -> aligned copy where TMA cannot
-// read B in place. Grid-stride loops; four consecutive k per thread, stored as float4.
+// The pre-pass, one batch entry per blockIdx.y: A -> [big | small] (zero-padded to Kp), and B ->
+// aligned copy where TMA cannot read B in place. Grid-stride loops; four consecutive k per
+// thread, stored as float4. A transposed A is read with consecutive threads on consecutive m
+// (coalesced reads; the float4 stores stride by Kp).
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
-    const int Kp = (K + 3) & ~3;
+    const int batch = gridDim.y;
+    const int Kp = padded4(K);
     const long long quads = (long long)M * (Kp / 4);
-    float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N, splits));
+    const long long entry = blockIdx.y;
+    const float* __restrict__ Ab = A + entry * stride_a;
+    const float* __restrict__ Bb = B + entry * stride_b;
+    float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N, splits, batch)) + entry * 2 * quads;
     float4* small = big + quads;
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-         q < quads && !a_split_in_kernel(A, lda); q += step) {
-        const int m = (int)(q / (Kp / 4)), k = (int)(q % (Kp / 4)) * 4;
-        const float* a = A + (size_t)m * lda + k;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+         i < quads && !a_split_in_kernel(A, lda, stride_a, batch); i += step) {
+#if TA
+        const int m = (int)(i % M), k = (int)(i / M) * 4;
+        const long long q = (long long)m * (Kp / 4) + k / 4;
+#else
+        const int m = (int)(i / (Kp / 4)), k = (int)(i % (Kp / 4)) * 4;
+        const long long q = i;
+#endif
         float x[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = k + j < K ? a[j] : 0.0f;
+        for (int j = 0; j < 4; ++j) {
+#if TA
+            x[j] = k + j < K ? Ab[(size_t)(k + j) * lda + m] : 0.0f;
+#else
+            x[j] = k + j < K ? Ab[(size_t)m * lda + k + j] : 0.0f;
+#endif
+        }
         float b4[4], s4[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) split_rn(x[j], b4[j], s4[j]);
         big[q] = make_float4(b4[0], b4[1], b4[2], b4[3]);
         small[q] = make_float4(s4[0], s4[1], s4[2], s4[3]);
     }
-    if (!b_tma_ready(B, ldb)) {
-        const int Np = (N + 3) & ~3;
-        float* wb = workspace + ws_b_offset(M, N, K, splits);
-        const long long total = (long long)K * Np;
+    if (!tma_ready(B, ldb, stride_b, batch)) {
+        // the stored matrix's rows (k for row-major B, n for a transposed one), padded to 4
+        const int rows = TB ? N : K, cols = TB ? K : N, cols_p = padded4(cols);
+        const long long total = (long long)rows * cols_p;
+        float* wb = workspace + ws_b_offset(M, N, K, splits, batch) + entry * total;
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
-            const int k = (int)(i / Np), n = (int)(i % Np);
-            wb[i] = n < N ? B[(size_t)k * ldb + n] : 0.0f;
+            const int r = (int)(i / cols_p), c = (int)(i % cols_p);
+            wb[i] = c < cols ? Bb[(size_t)r * ldb + c] : 0.0f;
         }
     }
 }
@@ -125,11 +157,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
                      "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
-}
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2,
                                             unsigned bar) {
@@ -162,13 +189,16 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
 #define FULL(s) (bars + 8 * (s))
 #define EMPTY(s) (bars + 8 * (STAGES + (s)))
 
+    const int batch = gridDim.z / SLICES;
+    const int entry = (int)BATCH_ENTRY;
+    C += entry * stride_c;
     const int tiles_m = DIV_UP(M, BM), tiles_n = DIV_UP(N, BN);
     int tile_m, tile_n;
     tile_coords(tile_m, tile_n, tiles_m, tiles_n, raster);
     const int m0 = tile_m * BM, n0 = tile_n * BN;
     const int k_tiles_all = DIV_UP(K, BK);
     const int per_split = DIV_UP(k_tiles_all, SLICES);
-    const int kt_begin = blockIdx.z * per_split;
+    const int kt_begin = SLICE * per_split;
     const int k_tiles = max(0, min(k_tiles_all, kt_begin + per_split) - kt_begin);
 
     if (threadIdx.x == 0) {
@@ -182,7 +212,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
     __syncthreads();
 
     const int wg = threadIdx.x / 128;
-    const bool a_raw = a_split_in_kernel(A, lda);
+    const bool a_raw = a_split_in_kernel(A, lda, stride_a, batch);
     if (wg == 0) {
         // Producer warpgroup: one thread issues every copy; the rest give their registers away.
 #if WGS > 1
@@ -201,15 +231,22 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
 #pragma unroll
                 for (int atom = 0; atom < KATOMS; ++atom) {
                     if (a_raw) {  // A as it is, into the big slot; the consumers split it there
-                        tma_load_2d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, FULL(stage));
+                        tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, entry, FULL(stage));
                     } else {
-                        tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 0, FULL(stage));
-                        tma_load_3d(st + (KATOMS + atom) * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 1, FULL(stage));
+                        tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 2 * entry, FULL(stage));
+                        tma_load_3d(st + (KATOMS + atom) * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 2 * entry + 1,
+                                    FULL(stage));
                     }
                 }
+#if TB
+#pragma unroll
+                for (int atom = 0; atom < KATOMS; ++atom)
+                    tma_load_3d(st + A_STAGE_BYTES + atom * BT_BOX_BYTES, &tmB, k0 + 32 * atom, n0, entry, FULL(stage));
+#else
 #pragma unroll
                 for (int box = 0; box < BN / 32; ++box)
-                    tma_load_2d(st + A_STAGE_BYTES + box * B_BOX_BYTES, &tmB, n0 + 32 * box, k0, FULL(stage));
+                    tma_load_3d(st + A_STAGE_BYTES + box * B_BOX_BYTES, &tmB, n0 + 32 * box, k0, entry, FULL(stage));
+#endif
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -269,8 +306,12 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                         const int nl = 64 * (MW * c + mw) + 16 * warp + g + 8 * (i & 1);
                         const int kl = 32 * atom + 8 * s + t + 4 * (i >> 1);
                         float x;
-                        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x)
-                                     : "r"(sw128(st + A_STAGE_BYTES + (nl / 32) * B_BOX_BYTES, kl, nl % 32)));
+#if TB
+                        const unsigned at = sw128(st + A_STAGE_BYTES + (kl / 32) * BT_BOX_BYTES, nl, kl % 32);
+#else
+                        const unsigned at = sw128(st + A_STAGE_BYTES + (nl / 32) * B_BOX_BYTES, kl, nl % 32);
+#endif
+                        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(at));
                         rb[mw][s][i] = tf32_big(x);
                         rs[mw][s][i] = __float_as_uint(x - __uint_as_float(rb[mw][s][i]));
                     }
@@ -318,7 +359,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                 workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
 #else
                 float* out = C + (size_t)m * ldc + n;
-                *out = epilogue(acc[mw][j], alpha, beta, out);
+                *out = epilogue(acc[mw][j], alpha, beta, out, bias, n);
 #endif
             }
         }

@@ -2,6 +2,7 @@
 import dataclasses
 
 from kernels.families.blocktile2d import RASTER
+from kernels.layout import transposed
 from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
 
 PACK_THREADS = 256
@@ -36,13 +37,20 @@ def consumer_registers(c: Config) -> int:
     return c["MW"] * (c["BM"] + 32) + REGS_BESIDE_TILES
 
 
-# Workspace layout in floats, as wgmma.cu's ws_a_offset / ws_b_offset.
-def ws_a_offset(c: Config, m: int, n: int) -> int:
-    return round64(c["SPLITK"] * m * n) if c["SPLITK"] > 1 else 0
+# Workspace layout in floats, as wgmma.cu's ws_a_offset / ws_b_offset: split-K partials
+# [batch][splits][M][N], A's parts [batch][2][M][Kp], B's aligned copy [batch][K][Np] (or
+# [batch][N][Kp] for a transposed B).
+def ws_a_offset(c: Config, m: int, n: int, batch: int = 1) -> int:
+    return round64(batch * c["SPLITK"] * m * n) if c["SPLITK"] > 1 else 0
 
 
-def ws_b_offset(c: Config, m: int, n: int, k: int) -> int:
-    return ws_a_offset(c, m, n) + round64(2 * m * padded(k))
+def ws_b_offset(c: Config, m: int, n: int, k: int, batch: int = 1) -> int:
+    return ws_a_offset(c, m, n, batch) + round64(2 * batch * m * padded(k))
+
+
+def b_copy_floats(layout: str, n: int, k: int) -> int:
+    """One batch entry of B's aligned copy: its stored rows padded to 4 floats."""
+    return n * padded(k) if transposed(layout)[1] else k * padded(n)
 
 
 class Wgmma(Family):
@@ -100,22 +108,31 @@ class Wgmma(Family):
     def splits(self, c: Config) -> int:
         return c["SPLITK"]
 
-    def launches(self, c: Config, m: int, n: int, k: int) -> list[Launch]:
-        gemm_launches = super().launches(c, m, n, k)
+    def launches(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> list[Launch]:
+        gemm_launches = super().launches(c, m, n, k, layout, batch)
+        ta, tb = transposed(layout)
         kp, np_ = padded(k), padded(n)
-        a_maps = TensorMap("workspace", dims=(kp, m, 2), box=(32, c["BM"], 1),
-                           strides=(4 * kp, 4 * m * kp), offset=4 * ws_a_offset(c, m, n))
-        if c["ASPLIT"]:  # A in place where TMA can read it (the kernel splits it), else packed
-            a_maps = TensorMap("a", dims=(k, m), box=(32, c["BM"]), fallback=a_maps)
-        b_copy = TensorMap("workspace", dims=(n, k), box=(32, c["BK"]), strides=(4 * np_,),
-                           offset=4 * ws_b_offset(c, m, n, k))
-        b_map = TensorMap("b", dims=(n, k), box=(32, c["BK"]), fallback=b_copy)
-        main = gemm_launches[0]
-        main = dataclasses.replace(main, tensor_maps=(a_maps, b_map))
-        work = max(m * kp // 4, k * np_)
-        pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), 1, 1), (PACK_THREADS, 1, 1), 0,
-                      **self.launch_values(c))  # the pre-pass finds A's workspace slot past the partials
+        # Every map is 3-D: its last coordinate picks the batch entry (2 * entry + part for A's
+        # packed big/small parts).
+        a_maps = TensorMap("workspace", dims=(kp, m, 2 * batch), box=(32, c["BM"], 1),
+                           strides=(4 * kp, 4 * m * kp), offset=4 * ws_a_offset(c, m, n, batch))
+        if c["ASPLIT"] and not ta:  # A in place where TMA can read it (the kernel splits it), else packed
+            a_maps = TensorMap("a", dims=(k, m, batch), box=(32, c["BM"], 1), fallback=a_maps)
+        b_offset = 4 * ws_b_offset(c, m, n, k, batch)
+        if tb:  # B stored N x K: boxes of BN rows by 32 k
+            b_copy = TensorMap("workspace", dims=(k, n, batch), box=(32, block_n(c), 1), strides=(4 * kp, 4 * n * kp),
+                               offset=b_offset)
+            b_map = TensorMap("b", dims=(k, n, batch), box=(32, block_n(c), 1), fallback=b_copy)
+        else:  # B stored K x N: boxes of BK rows by 32 columns
+            b_copy = TensorMap("workspace", dims=(n, k, batch), box=(32, c["BK"], 1), strides=(4 * np_, 4 * k * np_),
+                               offset=b_offset)
+            b_map = TensorMap("b", dims=(n, k, batch), box=(32, c["BK"], 1), fallback=b_copy)
+        main = dataclasses.replace(gemm_launches[0], tensor_maps=(a_maps, b_map))
+        work = max(m * kp // 4, b_copy_floats(layout, n, k))
+        # one batch entry per blockIdx.y; the pre-pass finds A's workspace slot past the partials
+        pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), batch, 1),
+                      (PACK_THREADS, 1, 1), 0, **self.launch_values(c))
         return [pack, main, *gemm_launches[1:]]
 
-    def workspace_bytes(self, c: Config, m: int, n: int, k: int) -> int:
-        return 4 * (ws_b_offset(c, m, n, k) + k * padded(n))
+    def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:
+        return 4 * (ws_b_offset(c, m, n, k, batch) + batch * b_copy_floats(layout, n, k))
