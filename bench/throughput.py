@@ -34,9 +34,8 @@ with the same ``--timeout``, and prints:
 The one-time start (the command's: the GPU child's and the compile processes' start, with the
 search's imports beside it, ``tuner.run.tune.start_command``; and per shape the inputs, float64
 reference and cuBLAS baseline: phase ``setup``) is excluded from the tuning wall time and
-reported apart. (Until session 20 this bench imported the search after the GPU child's start,
-inside the tuning time, where the command imports it during that start: its earlier busy shares
-carry 2-3 s of imports the command does not.)
+reported apart. The bench starts exactly as the command does, so its shares compare with the
+command's (docs/measurement.md, "The command's start and end").
 The CUBIN cache is a fresh folder unless ``--cache`` names one: every compile is a real one, as
 in a study of a new kernel version.
 
@@ -454,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: each process the tuner spawns (compile workers, the GPU
     # child, the start-up process) imports this script as its __main__ again, and these pull
     # in Optuna, SQLAlchemy and the database layer; at the top they made the bench's one-time
-    # start twice the command's (bench/NOTES.md, session 18).
+    # start twice the command's (docs/measurement.md, "The command's start and end").
     from tuner.run.cli import parse_args
     from tuner.run.tune import start_command, tune
 
@@ -469,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu.start()
         started = time.perf_counter()
         # the command's own one-time start: the processes first, the search's imports beside
-        # them (before session 20 this bench imported those after, in the tuning time)
+        # them, not in the tuning time
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started

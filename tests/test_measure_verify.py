@@ -224,8 +224,9 @@ def _old_timing(bench, run, reps: int) -> list[float]:
 
 @pytest.mark.gpu
 def test_back_to_back_timing_agrees_with_waiting_per_launch(bench, family_kernels):
-    # big enough that a launch's host overhead (which the old path could time) is noise: at
-    # 2048³ cuBLAS's, ~0.1 ms a call, was 30 % of its 0.34 ms on an H200 (session 41)
+    # big enough that a launch's host overhead (which waiting per launch times) is noise: at
+    # 2048³ cuBLAS's, ~0.1 ms a call, was 30 % of its 0.34 ms on an H200 (docs/measurement.md,
+    # "Timing")
     m = n = k = 4096
     bench.set_problem(m, n, k, seed=10)
     name, config, cubin = family_kernels[0]

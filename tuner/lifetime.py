@@ -111,9 +111,9 @@ def _watch_parent(parent_pid: int) -> None:
 
 def kill_pool(executor: Any) -> None:
     """End a ProcessPoolExecutor at once: kill its processes (a compile half done is of no use,
-    and waiting for one held up the command's end by up to a second on the H100: bench/NOTES.md,
-    session 16), then shut it down. A killed compile leaves no cache entry (entries are written
-    atomically, and its lock is released with the process)."""
+    and waiting for one held up the command's end by up to a second on the H100:
+    docs/measurement.md, "Compile pool"), then shut it down. A killed compile leaves no cache
+    entry (entries are written atomically, and its lock is released with the process)."""
     # (Python 3.14 has executor.terminate_workers(); before it, its processes' handles)
     for process in list((getattr(executor, "_processes", None) or {}).values()):
         process.kill()

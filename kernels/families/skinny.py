@@ -25,9 +25,9 @@ class Skinny(Family):
         Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
     )
 
-    # From the full sweep on the H100 at 16x4096x4096 (bench/NOTES.md, rung 10): the fastest that
-    # fit in 99 KiB of shared memory (so every architecture accepts them), 38.9 us each; the
-    # sweep's best, 38.0 us, needs 204 KiB.
+    # From the full sweep on the H100 at 16x4096x4096: the fastest that fit in 99 KiB of shared
+    # memory (so every architecture accepts them), 38.9 us each; the sweep's best, 38.0 us,
+    # needs 204 KiB (docs/kernels.md, "skinny starting points").
     starting_points = (
         {"TM": 4, "UNROLL": 8, "STAGES": 3, "WK": 4, "SPLITK": 4},
         {"TM": 8, "UNROLL": 4, "STAGES": 8, "WK": 2, "SPLITK": 8},

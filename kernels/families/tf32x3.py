@@ -47,8 +47,9 @@ class Tf32x3(Family):
                    lambda c: c["WM"] * c["WN"] // 32 <= 128),
     )
 
-    # Fastest measured on the H100 (bench/NOTES.md, rung 9), one per shape class: large square,
-    # 1024³, odd sizes (one-wave 96x96 grid), 128-row, 16-row and small-MN/long-K problems.
+    # Fastest measured on the H100, one per shape class: large square, 1024³, odd sizes
+    # (one-wave 96x96 grid), 128-row, 16-row and small-MN/long-K problems (docs/kernels.md,
+    # "tf32x3 starting points").
     starting_points = tuple(
         dict(zip(("BM", "BN", "BK", "WM", "WN", "KGROUP", "STAGES", "SPLITK", "RASTER"), values))
         for values in ((128, 64, 32, 64, 32, 4, 2, 1, 1), (64, 64, 32, 32, 32, 4, 3, 1, 8),

@@ -69,7 +69,8 @@ class Wgmma(Family):
         Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)"),
         Param("MW", (1, 2), "64-column wgmma tiles per consumer warpgroup"),
         Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring"),
-        # 1 also meets the accuracy bar but measured 20% slower and no more accurate (bench/NOTES.md).
+        # 1 also meets the accuracy bar but measured 20% slower and no more accurate
+        # (docs/kernels.md, "Accuracy: FLUSH and round-to-nearest splits").
         Param("FLUSH", (2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
         Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
         RASTER,
@@ -82,9 +83,10 @@ class Wgmma(Family):
                    lambda c: consumer_registers(c) <= CONSUMER_REGS[c["WGS"]]),
     )
 
-    # Fastest measured on the H100 (bench/NOTES.md, rung 11), one per shape class: 4096³ and
-    # 2048³, 8192³, 1024³, odd sizes (1023x1025x999), 128-row, 16-row, small-MN/long-K, and
-    # small N (16384x128x1024, where splitting A in the kernel wins: 1.54x against 0.79x).
+    # Fastest measured on the H100, one per shape class: 4096³ and 2048³, 8192³, 1024³, odd
+    # sizes (1023x1025x999), 128-row, 16-row, small-MN/long-K, and small N (16384x128x1024,
+    # where splitting A in the kernel wins: 1.54x against 0.79x); docs/kernels.md, "wgmma
+    # starting points".
     starting_points = tuple(
         dict(zip(("BM", "BK", "WGS", "MW", "STAGES", "FLUSH", "SPLITK", "RASTER", "ASPLIT"), values))
         for values in ((128, 64, 2, 1, 2, 4, 1, 8, 0), (96, 32, 2, 1, 3, 4, 1, 8, 0), (96, 64, 2, 1, 2, 4, 1, 8, 0),

@@ -46,7 +46,8 @@ SETUP_TIMEOUT_S = 600.0
 # so that the next starts the moment the last is answered while the main thread records that
 # one, tells the sampler and asks again. The child still measures one at a time. Three, not two:
 # an ask or a pull now and then outlasts one ~0.1 s measurement (H100, 2048³, warm cache: the
-# child's idle time inside studies 6.5 → 4.7 s, busy 75.9 → 80.5%; bench/NOTES.md, issue 19).
+# child's idle time inside studies 6.5 → 4.7 s, busy 75.9 → 80.5%; docs/measurement.md,
+# "The GPU child's queue").
 QUEUE_DEPTH = 3
 
 # What the GPU child measures with: a backend's public name (the value of
@@ -272,7 +273,8 @@ RESERVED_CORES = 2
 def default_workers(cores: int | None = None) -> int:
     """Compile processes for this host: every core but the main thread's and the GPU child's
     (a 16-core GPU host: 14). NVRTC is single-threaded and a compile takes 0.1-3 s of CPU
-    (bench/NOTES.md, issue 19), so compile workers bound configs per second."""
+    (docs/measurement.md, "Compile time (bench/compile_time.py)"), so compile workers bound
+    configs per second."""
     cores = (os.cpu_count() or 2) if cores is None else cores
     return max(1, cores - RESERVED_CORES)
 

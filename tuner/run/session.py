@@ -116,9 +116,9 @@ def tune_all(
     started = time.monotonic()
     order = [(problem, family) for problem in problems for family in families]
     with StartupPrefetch(session) as prefetch:
-        # All but the first in the process, in order: its start (spawn, imports) alone took
-        # longer than the whole start-up with a warm cache (~5 s of idle GPU before the first
-        # answer on the H100; bench/NOTES.md); the first on a thread, beside the baseline.
+        # All but the first in the process, in order; the first on a thread, beside the
+        # baseline: the process, still importing when the first study starts, would leave the
+        # GPU idle longer (docs/measurement.md, "Start-ups prepared ahead").
         if session.prefetch_startup and order:
             wanted = _prior_wanted(session, order)
             first_problem, first_family = order[0]

@@ -142,8 +142,9 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
     start-ups' process (tuner.search.preparer) started first; while they start CUDA, cuBLAS,
     NVRTC and their imports (1-2 s on the H100 host), this one imports the search and the
     stores (Optuna, SQLAlchemy: 2.5-3.5 s there) and loads the bundled recordings the model's
-    first fits learn from (bench/NOTES.md, issue 19); then waits for them. Returns (evaluator,
-    the start-ups' process); raises as ``start_live``, everything it started ended then."""
+    first fits learn from (docs/measurement.md, "The command's start and end"); then waits
+    for them. Returns (evaluator, the start-ups' process); raises as ``start_live``,
+    everything it started ended then."""
     from tuner.lifetime import kill_pool
     from tuner.search import preparer
 

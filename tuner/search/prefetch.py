@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 # The compile-ahead threads take at most this fraction of the cores (1/4): off the critical
 # path, they need not finish fast, and with a thread per core their burst, niced but on the same
-# logical CPUs, slowed the running study's own compiles (bench/NOTES.md, session 16).
+# logical CPUs, slowed the running study's own compiles (docs/measurement.md, "Start-ups
+# prepared ahead").
 AHEAD_SHARE = 4
 
 # In the preparing process: compiles of the model's first picks, left running after their
@@ -62,7 +63,7 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
     """``prepare_startup`` and, where the model starts from its own scores, the compiles of
     its first window (``first_picks``, ``batch`` of them) begun: with the prior's ranking gone
     where the model learns the family elsewhere, nothing else would compile them before the
-    study asks (bench/NOTES.md, session 16)."""
+    study asks (docs/measurement.md, "Start-ups prepared ahead")."""
     global _ahead
     startup = prepare_startup(family_name, arch, problem, sampler, sm_count, batch, seed,
                               prior_compiles, cache_dir, rank, examples)
@@ -96,7 +97,7 @@ def can_prefetch(session: Session, family: Any) -> bool:
 # whole shape ahead, so that it does not rest while the first study (naive: seconds of GPU work
 # per config, few cheap compiles) leaves cores to spare; with 4 it stopped after blocktile2d's
 # and vectorized's start-ups there. (On a slow host it is busy the whole command anyway:
-# bench/NOTES.md, session 14.)
+# docs/measurement.md, "Start-ups prepared ahead".)
 AHEAD = 11
 
 
@@ -155,7 +156,7 @@ class StartupPrefetch:
         thread waits for the GPU child's one-time start (inputs, float64 reference, cuBLAS
         baseline), instead of after it with the GPU idle: the process would take longer to
         start than the start-up takes. (Measured at fresh 2048³ on the H100: at most 0.3 s
-        less idle before the first answer; bench/NOTES.md, session 16.)"""
+        less idle before the first answer; docs/measurement.md, "Start-ups prepared ahead".)"""
         if not can_prefetch(self.session, family) or self._broken:
             return
         if self._here is None:

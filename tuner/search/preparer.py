@@ -4,8 +4,9 @@ startable before the search is imported.
 A live command starts it beside the GPU child and the compile processes (``tuner.run.tune``),
 so that its own spawn and imports (the search, Optuna, scikit-learn: about 2 s on the H100
 hosts) overlap the main process's imports instead of following the first study's start: its
-start-ups are ready that much sooner, and a study's start no longer waited for one (bench/NOTES.md,
-session 20). This module imports nothing heavy: the parent pickles ``_init`` by reference.
+start-ups are ready that much sooner, and a study's start no longer waited for one
+(docs/measurement.md, "Start-ups prepared ahead"). This module imports nothing heavy: the parent
+pickles ``_init`` by reference.
 """
 
 from __future__ import annotations

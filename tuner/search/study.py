@@ -617,7 +617,8 @@ class StudyRun:
         ours), which must not count twice: else a retry of the budget's last config would wait
         for itself until the timeout. (A window of ``batch`` compiles, candidates that share a
         CUBIN counted once, kept more workers busy but asked up to twice as far ahead of the
-        results, and the studies that stop on patience found less: bench/NOTES.md, session 25.)"""
+        results, and the studies that stop on patience found less: docs/measurement.md,
+        "Tried and not kept".)"""
         return self._in_flight() < self.session.batch and self._asks_left(taking) > 0
 
     def _asks_left(self, taking: int = 0) -> int:
@@ -826,7 +827,7 @@ class StudyRun:
         waited for only when the GPU child has nothing left: blocked on one while the child
         still measured, the window could not be refilled as other compiles finished (H100,
         fresh 4096³: warptile's study kept 8 of 14 workers busy with the GPU idle 6-10 s in
-        it; bench/NOTES.md, session 25)."""
+        it; docs/measurement.md, "Waiting on compiles")."""
         if submit_more:
             self._submit_ready()  # waits for a compile only while the child has none
             self._compile_ahead()
@@ -851,8 +852,9 @@ class StudyRun:
         for next (``ModelSampler.upcoming``). A full window of candidates often shares a few
         programs (RASTER variants share a CUBIN) whose compiles all began together, so most
         workers idle while the GPU waits for them (H100, fresh 2048³: warptile's study idled
-        the GPU 2.5-3.3 s at a stretch with 5-6 of 14 workers busy; bench/NOTES.md, session
-        20). What is asked does not change: only when a compile begins."""
+        the GPU 2.5-3.3 s at a stretch with 5-6 of 14 workers busy; docs/measurement.md,
+        "Compiles begun ahead of the model's asks"). What is asked does not change: only when a
+        compile begins."""
         ahead = getattr(self.session.evaluator, "compile_ahead", None)
         upcoming = getattr(self.study.sampler, "upcoming", None)
         if ahead is None or upcoming is None or self.accepted_all is None:
