@@ -135,11 +135,12 @@ class BestResponses:
     answers the route gave from the snapshot alone are kept (it marks them in the scope): one
     that needed the database (a GPU registered since, a fallback_gpu) is asked again each time.
 
-    What a request cost after the snapshot (bench/NOTES.md, issue 16) was mostly FastAPI's
-    parameter validation and the response model's serialisation (the lookup: ~23 µs); a repeat
-    of a query needs neither. Only 200 answers are kept. Requests that may write or must be
-    authorised (tune=…, an Authorization header) always reach the route; so does the first
-    request after `refresh_s`, which lets the route check the database for new results.
+    What a request cost after the snapshot was mostly FastAPI's parameter validation and the
+    response model's serialisation (the lookup: ~23 µs); a repeat of a query needs neither
+    (docs/serving.md, "/api/best from memory" and "API load: bench/api_load.py"). Only 200
+    answers are kept. Requests that may write or must be authorised (tune=…, an Authorization
+    header) always reach the route; so does the first request after `refresh_s`, which lets
+    the route check the database for new results.
     """
 
     def __init__(self, app, cache: BestCache) -> None:

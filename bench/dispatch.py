@@ -11,9 +11,10 @@
   rounds) for the same three. Target: matmul within 2% of the raw kernel.
 
 The tuning source is a fresh SQLite file holding one config per shape for this GPU's model
-(tf32x3 128×64×32, the H100's best at 4096³ in bench/NOTES.md, for both), so matmul and the raw
+(tf32x3 128×64×32, the H100's best tf32x3 config at 4096³, for both), so matmul and the raw
 launch run the same kernel; --source uses a real source instead (the raw launch then uses the
-config matmul picked). Prints a table and writes JSON.
+config matmul picked). Prints a table and writes JSON. Figures and their reading: docs/serving.md,
+"Host overhead: bench/dispatch.py".
 """
 
 from __future__ import annotations

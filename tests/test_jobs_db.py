@@ -183,8 +183,8 @@ def _worker_process(url: str, index: int, start, results) -> None:
             while (job := database.claim_job(H100.name, name)) is not None:
                 taken.append(job.id)
                 # a job takes time, as a real one does: without it, on SQLite one process
-                # could claim and finish all 61 while the others' busy handlers slept (CI,
-                # session 17: "no race happened")
+                # could claim and finish all 61 while the others' busy handlers slept, and the
+                # test saw no race at all
                 time.sleep(0.005)
                 database.finish_job(job.id, name, "done")
         results.put((index, (requested.id, created, taken), None))

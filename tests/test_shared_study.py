@@ -49,7 +49,7 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     # 0.25 s per evaluation: the survivor, measuring alone once worker 2 is killed, cannot
     # finish the budget before the killed claim goes stale (2 s); at the stand-in's instant
     # answers it did on a loaded CI host (2 of about ten CI runs), and at 0.1 s once more
-    # (session 22's CI: no claim failed as stale)
+    # (no claim failed as stale)
     env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing", MEASURE_ENV: "0.25",
                         "PYTHONPATH": os.pathsep.join(filter(None, [
                             str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -397,10 +397,10 @@ def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp
 def test_a_worker_killed_before_its_claims_first_heartbeat_leaves_a_retry(tmp_path,
                                                                           monkeypatch):
     """A claim and its first heartbeat are two writes. A worker killed between them (the
-    shared-study bench kills one as soon as it holds a claim; CI, session 41) left a RUNNING
-    trial with no heartbeat, which Optuna never fails as stale: its config was held for good.
-    A claim turns RUNNING only once it has a heartbeat; killed before, it is a queued retry
-    that another worker measures."""
+    shared-study bench kills one as soon as it holds a claim) left a RUNNING trial with no
+    heartbeat, which Optuna never fails as stale: its config was held for good. A claim turns
+    RUNNING only once it has a heartbeat; killed before, it is a queued retry that another
+    worker measures (docs/fleet.md, "Claims and the constant liar")."""
     from tuner.search import fleet
 
     class Killed(BaseException):
