@@ -187,10 +187,15 @@ class LoadedKernel:
 
 
 def device_pointer(x: Any, name: str) -> int:
-    """A device address from a raw pointer or anything with __cuda_array_interface__."""
+    """A device address from a raw pointer or float32 data with __cuda_array_interface__."""
     if isinstance(x, int):
         return x
-    return _geometry(x, name, 1, 1)[0]
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is None:
+        raise TypeError(f"{name} must be a device pointer (int) or have __cuda_array_interface__, got {type(x).__name__}")
+    if cai.get("typestr") not in ("<f4", "=f4", "f4"):
+        raise TypeError(f"{name} must hold float32 data, got typestr {cai.get('typestr')!r}")
+    return int(cai["data"][0])
 
 
 def _geometry(x: Any, name: str, rows: int, cols: int) -> tuple[int, int, int]:

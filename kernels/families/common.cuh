@@ -95,7 +95,8 @@ extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
     const long long entry = blockIdx.y;
     const float* w = workspace + entry * splits * mn + at;
     // One constant-count loop per count the families offer: a loop bounded at run time issued
-    // its loads one by one (measured 2% slower on splitk 1024^3 with SPLITK 2).
+    // its loads one by one (splitk 1024^3, SPLITK 2: -2%; docs/kernels.md, "RASTER and SPLITK
+    // as launch-time parameters").
     float sum = 0.0f;
     switch (splits) {
         case 2: sum = sum_slices<2>(w, mn, 0); break;
