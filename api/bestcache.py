@@ -19,13 +19,19 @@ from dataclasses import dataclass, replace
 import db
 
 MEMO_MAX = 50_000  # answers remembered per snapshot (a query mix with random shapes stays bounded)
-DEFAULT_KIND = ("fp32", "row-major", True)  # what /api/best asks for
+DEFAULT_KIND = ("fp32", True)  # the dtype and alpha/beta kind /api/best asks for
 
 
 @dataclass(frozen=True)
 class _Problem:
     id: int
     shape: tuple[int, int, int]
+    layout: str = "nn"
+    batch: int = 1
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        return (*self.shape, self.batch)
 
 
 class Snapshot:
@@ -41,8 +47,8 @@ class Snapshot:
         self._rows: dict[int, dict[_Problem, list[db.BestResult]]] = defaultdict(lambda: defaultdict(list))
         for r in rows:  # best_table comes fastest first (ties: oldest trial), which every pick keeps
             p = r.problem
-            if (p.dtype, p.layout, p.general_alpha_beta) == DEFAULT_KIND:
-                self._rows[r.gpu_id][_Problem(p.id, (p.m, p.n, p.k))].append(r)
+            if (p.dtype, p.general_alpha_beta) == DEFAULT_KIND:
+                self._rows[r.gpu_id][_Problem(p.id, (p.m, p.n, p.k), p.layout, p.batch)].append(r)
         self._memo: dict[tuple, db.BestResult | None] = {}
 
     def gpu_ids(self, gpu: str) -> list[int]:
@@ -54,21 +60,23 @@ class Snapshot:
         return found[0].name
 
     def best(self, gpu: str, m: int, n: int, k: int, family: str | None, nearest: bool,
-             families: Collection[str] | None, source_hashes: Collection[str] | None = None) -> db.BestResult | None:
-        """As db.Database.best(gpu, m, n, k, family, nearest, families=…, source_hashes=…); the gpu
-        must be known."""
+             families: Collection[str] | None, source_hashes: Collection[str] | None = None,
+             layout: str = "nn", batch: int = 1) -> db.BestResult | None:
+        """As db.Database.best(gpu, m, n, k, family, nearest, families=…, source_hashes=…,
+        layout=…, batch=…); the gpu must be known."""
         key = (gpu.strip().lower(), m, n, k, family, nearest, None if families is None else frozenset(families),
-               None if source_hashes is None else frozenset(h.lower() for h in source_hashes))
+               None if source_hashes is None else frozenset(h.lower() for h in source_hashes), layout, batch)
         if key in self._memo:
             return self._memo[key]
-        found = self._best(key[0], (m, n, k), family, nearest, key[6], key[7])
+        found = self._best(key[0], (m, n, k), family, nearest, key[6], key[7], layout, batch)
         if len(self._memo) >= MEMO_MAX:
             self._memo.clear()
         self._memo[key] = found
         return found
 
     def _best(self, gpu_key: str, requested: tuple[int, int, int], family: str | None, nearest: bool,
-              families: frozenset[str] | None, hashes: frozenset[str] | None) -> db.BestResult | None:
+              families: frozenset[str] | None, hashes: frozenset[str] | None, layout: str = "nn",
+              batch: int = 1) -> db.BestResult | None:
         def allowed(r: db.BestResult) -> bool:
             return ((family is None or r.family == family) and (families is None or r.family in families)
                     and (hashes is None or r.source_hash in hashes))
@@ -76,22 +84,25 @@ class Snapshot:
         by_problem: dict[_Problem, list[db.BestResult]] = defaultdict(list)
         for gpu_id in self._ids.get(gpu_key, []):
             for problem, rows in self._rows.get(gpu_id, {}).items():
-                by_problem[problem].extend(r for r in rows if allowed(r))
+                if problem.layout == layout:
+                    by_problem[problem].extend(r for r in rows if allowed(r))
         by_problem = {p: rows for p, rows in by_problem.items() if rows}
 
         def fastest(rows: list[db.BestResult]) -> db.BestResult:
             return min(rows, key=lambda r: (-r.gflops, r.trial_id))
 
-        exact = [p for p in by_problem if p.shape == requested]
+        exact = [p for p in by_problem if p.shape == requested and p.batch == batch]
         if exact:
             return replace(fastest([r for p in exact for r in by_problem[p]]), requested=requested)
         if not nearest or not by_problem:
             return None
-        ranked = sorted(by_problem, key=lambda p: (db.log2_distance(p.shape, requested), p.shape[0] * p.shape[1] * p.shape[2],
+        sizes = (*requested, batch)
+        ranked = sorted(by_problem, key=lambda p: (db.log2_distance(p.sizes, sizes),
+                                                   p.batch * p.shape[0] * p.shape[1] * p.shape[2],
                                                    p.shape[0], p.shape[1], p.id))
         closest = ranked[0]
         return replace(fastest(by_problem[closest]), match="nearest", requested=requested,
-                       distance=db.log2_distance(closest.shape, requested))
+                       distance=db.log2_distance(closest.sizes, sizes))
 
 
 class BestCache:

@@ -16,7 +16,7 @@ from .errors import ApiError
 
 def job_out(j: db.Job) -> s.JobOut:
     return s.JobOut(
-        id=j.id, state=j.state, gpu=j.gpu_name, m=j.m, n=j.n, k=j.k, dtype=j.dtype, layout=j.layout,
+        id=j.id, state=j.state, gpu=j.gpu_name, m=j.m, n=j.n, k=j.k, dtype=j.dtype, layout=j.layout, batch=j.batch,
         general_alpha_beta=j.general_alpha_beta, families=list(j.families), budget=dict(j.budget), origin=j.origin,
         reason=j.reason, worker=j.worker, attempts=j.attempts, run_ids=list(j.run_ids), created_at=j.created_at,
         claimed_at=j.claimed_at, heartbeat_at=j.heartbeat_at, ended_at=j.ended_at,
@@ -44,12 +44,14 @@ class JobQueue:
         return found
 
     def enqueue(
-        self, gpu: str, m: int, n: int, k: int, *, families: list[str] | None, budget: dict, origin: str
+        self, gpu: str, m: int, n: int, k: int, *, families: list[str] | None, budget: dict, origin: str,
+        layout: str = "nn", batch: int = 1,
     ) -> tuple[s.JobOut, bool]:
-        """Queue a job (or find the open one for this GPU model and shape): (job, created)."""
+        """Queue a job (or find the open one for this GPU model and problem): (job, created)."""
         names = self.check_families(families)
         try:
-            job, created = self.db.enqueue_job(gpu, m, n, k, families=names, budget=budget, origin=origin)
+            job, created = self.db.enqueue_job(gpu, m, n, k, families=names, budget=budget, origin=origin,
+                                               layout=layout, batch=batch)
         except db.UnknownGpuError:
             known = self.known_gpu_models()
             raise ApiError(

@@ -36,7 +36,8 @@ def gpu_out(g: db.Gpu) -> s.GpuOut:
 
 def problem_out(p: db.Problem) -> s.ProblemOut:
     return s.ProblemOut(
-        id=p.id, m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout=p.layout, general_alpha_beta=p.general_alpha_beta
+        id=p.id, m=p.m, n=p.n, k=p.k, dtype=p.dtype, layout=p.layout, general_alpha_beta=p.general_alpha_beta,
+        batch=p.batch, label=p.label,
     )
 
 
@@ -134,6 +135,34 @@ class Reads:
                 return p
         raise ApiError(404, f"unknown problem id {problem_id}; see /api/problems for the known ones")
 
+    # --- workloads --------------------------------------------------------------------------
+
+    def workloads(self, gpu: str | None = None) -> list[s.WorkloadOut]:
+        return [self.workload(w.id, gpu) for w in self.db.list_workloads()]
+
+    def workload(self, workload_id: int, gpu: str | None = None) -> s.WorkloadOut:
+        """A recorded workload against what is tuned on `gpu` (default: the GPU it was recorded
+        on): per problem the best config tuned on exactly it, and whether it beats cuBLAS there
+        (what gemmtune.enable() would run); the share of GEMM time so served."""
+        try:
+            w = self.db.get_workload(workload_id)
+        except db.WorkloadError:
+            raise ApiError(404, f"unknown workload id {workload_id}; see /api/workloads for the known ones") from None
+        model = gpu or w.gpu_name
+        known = model is not None and bool(self.db.find_gpus(model))
+        rows, served_share = [], 0.0
+        for p in w.problems:
+            found = None
+            if known:
+                found = self.db.best(model, p.m, p.n, p.k, nearest=False, layout=p.layout, batch=p.batch)
+            served = bool(found and found.fraction_of_cublas is not None and found.fraction_of_cublas > 1.0)
+            served_share += p.share if served else 0.0
+            rows.append(s.WorkloadProblemOut(
+                m=p.m, n=p.n, k=p.k, layout=p.layout, batch=p.batch, label=p.label, count=p.count, share=p.share,
+                best=best_config(found) if found else None, served=served))
+        return s.WorkloadOut(id=w.id, name=w.name, recorded_on=w.gpu_name, gpu=model if known else None,
+                             gemm_ms=w.gemm_ms, created_at=w.created_at, served_share=served_share, problems=rows)
+
     # --- best -------------------------------------------------------------------------------
 
     @staticmethod
@@ -150,36 +179,40 @@ class Reads:
 
     def best_from(self, snap: Snapshot | None, gpu: str, m: int, n: int, k: int, kernel: str | None,
                   nearest: bool = True, precision: str = "fp32",
-                  source_hashes: list[str] | None = None) -> s.BestOut | None:
+                  source_hashes: list[str] | None = None, layout: str = "nn", batch: int = 1) -> s.BestOut | None:
         """The answer from a snapshot, or None when it needs the database (a GPU or a family name
         the snapshot does not know: answered, or refused, by `best`)."""
         if snap is None or not snap.gpu_ids(gpu) or (kernel is not None and kernel not in kernels.FAMILIES):
             return None
         families = self.precision_families(precision, kernel)
-        found = snap.best(gpu, m, n, k, kernel, nearest, families, source_hashes)
-        return self._best_out(found, snap.first_gpu_name(gpu), m, n, k, kernel)
+        found = snap.best(gpu, m, n, k, kernel, nearest, families, source_hashes, layout, batch)
+        return self._best_out(found, snap.first_gpu_name(gpu), m, n, k, kernel, layout, batch)
 
     def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True,
-             precision: str = "fp32", source_hashes: list[str] | None = None) -> s.BestOut:
+             precision: str = "fp32", source_hashes: list[str] | None = None, layout: str = "nn",
+             batch: int = 1) -> s.BestOut:
         family = self.check_kernel(kernel) if kernel is not None else None
         families = self.precision_families(precision, family)
         try:
             found = self.db.best(gpu, m, n, k, family=family, nearest=nearest, families=families,
-                                 source_hashes=source_hashes)
+                                 source_hashes=source_hashes, layout=layout, batch=batch)
         except db.UnknownGpuError:
             raise self.unknown_gpu(gpu) from None
-        return self._best_out(found, None if found else self.resolve_gpu(gpu)[0].name, m, n, k, family)
+        return self._best_out(found, None if found else self.resolve_gpu(gpu)[0].name, m, n, k, family, layout,
+                              batch)
 
     @staticmethod
     def _best_out(found: db.BestResult | None, gpu_name: str | None, m: int, n: int, k: int,
-                  family: str | None) -> s.BestOut:
+                  family: str | None, layout: str = "nn", batch: int = 1) -> s.BestOut:
         requested = s.Shape(m=m, n=n, k=k)
         if found is None:
-            return s.BestOut(match="none", gpu=gpu_name, requested=requested, kernel=family)
+            return s.BestOut(match="none", gpu=gpu_name, requested=requested, kernel=family, layout=layout,
+                             batch=batch)
         p = found.problem
         return s.BestOut(
             match=found.match, gpu=found.gpu_name, requested=requested, shape=s.Shape(m=p.m, n=p.n, k=p.k),
-            distance=found.distance, kernel=family, best=best_config(found),
+            distance=found.distance, kernel=family, best=best_config(found), layout=layout, batch=batch,
+            shape_batch=p.batch,
         )  # fmt: skip
 
     # --- runs -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ RunState = StrEnum("RunState", {v: v for v in db.RUN_STATES})
 
 
 Precision = StrEnum("Precision", {v: v for v in kernels.PRECISIONS})
+LayoutParam = StrEnum("LayoutParam", {v: v for v in kernels.LAYOUTS})
 PRECISION_DOC = ("fp32 (default): every family, FFMA or FP32-accurate tensor-core emulation (tf32x3, wgmma); "
                  "ffma: only families computing with plain FP32 FFMA (kernels' Family.precision).")
 
@@ -108,6 +109,8 @@ def list_problems(r: Db) -> list[s.ProblemOut]:
 )
 async def best(
     r: Db, request: Request, gpu: Gpu, m: Dim, n: Dim, k: Dim, kernel: Kernel = None, nearest: bool = True,
+    layout: Annotated[LayoutParam, Query(description=s.LAYOUT_DOC)] = LayoutParam.nn,
+    batch: Annotated[int, Query(ge=1, le=s.MAX_BATCH, description="GEMMs of this shape in one call (a strided batch).")] = 1,
     precision: Annotated[Precision, Query(description=PRECISION_DOC)] = Precision.fp32,
     source_hash: Annotated[list[Annotated[str, Query(pattern=HASH_PATTERN)]] | None, Query(
         max_length=100, description="Only results of these family versions (sha256 of the family's CUDA source, "
@@ -126,9 +129,10 @@ async def best(
     if fallback_gpu is not None and not (snap is not None and snap.gpu_ids(gpu)) \
             and not await run_in_threadpool(r.db.find_gpus, gpu):
         gpu = fallback_gpu  # never seen: answer from the GPU the caller named, and say so below
-    found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes)
+    found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes, layout.value, batch)
     if found is None:
-        found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes)
+        found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes, layout.value,
+                                        batch)
     elif fallback_gpu is None:
         request.scope[FROM_SNAPSHOT] = True  # the same query may be answered with these bytes (BestResponses)
     if gpu is not asked:
@@ -140,8 +144,25 @@ async def best(
         if families is None and precision is not Precision.fp32:
             families = r.precision_families(precision.value)
         found.job, _ = await run_in_threadpool(
-            lambda: request.app.state.jobs.enqueue(asked, m, n, k, families=families, budget={}, origin="best"))
+            lambda: request.app.state.jobs.enqueue(asked, m, n, k, families=families, budget={}, origin="best",
+                                                   layout=layout.value, batch=batch))
     return found
+
+
+@router.get("/workloads", response_model=list[s.WorkloadOut], summary="Recorded workloads, newest first")
+def list_workloads(r: Db, gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN,
+                   description="GPU model the tuned results are for (default: where each was recorded).")] = None
+                   ) -> list[s.WorkloadOut]:
+    return r.workloads(gpu)
+
+
+@router.get("/workloads/{workload_id}", response_model=s.WorkloadOut,
+            summary="A recorded workload against what is tuned: the share of its GEMM time tuned kernels serve")
+def get_workload(r: Db, workload_id: Annotated[int, Path(ge=1, le=ID_MAX)],
+                 gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN,
+                 description="GPU model the tuned results are for (default: where it was recorded).")] = None
+                 ) -> s.WorkloadOut:
+    return r.workload(workload_id, gpu)
 
 
 @router.get("/overview", response_model=list[s.OverviewCellOut], summary="Best per GPU and problem")

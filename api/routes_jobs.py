@@ -54,7 +54,7 @@ pages = APIRouter(include_in_schema=False)
 def create_job(jobs: Jobs, body: s.JobIn) -> JSONResponse:
     job, created = jobs.enqueue(
         body.gpu, body.m, body.n, body.k, families=body.families,
-        budget=body.budget.model_dump(exclude_none=True), origin="request",
+        budget=body.budget.model_dump(exclude_none=True), origin="request", layout=body.layout, batch=body.batch,
     )  # fmt: skip
     return JSONResponse(job.model_dump(mode="json"), status_code=201 if created else 200,
                         headers={"Location": f"/api/jobs/{job.id}"})  # fmt: skip

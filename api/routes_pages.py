@@ -39,7 +39,12 @@ def fmt_duration(start: datetime | None, end: datetime | None) -> str:
 
 
 def shape(p) -> str:
-    return f"{p.m}×{p.n}×{p.k}"
+    """M×N×K, then the layout where it is not nn and the batch count where it is above 1."""
+    text = f"{p.m}×{p.n}×{p.k}"
+    layout, batch = getattr(p, "layout", "nn"), getattr(p, "batch", 1)
+    if layout != "nn":
+        text += f" {layout}"
+    return text + (f" ×{batch}" if batch > 1 else "")
 
 
 templates.env.filters.update(gflops=fmt_gflops, fraction=fmt_fraction, time=fmt_time, shape=shape)
@@ -99,3 +104,22 @@ def problem_page(
         request, "problem.html", problem=problem, cmp=comparison, cmp_json=comparison.model_dump(mode="json"),
         gpus=gpus_with_runs, models=models,
     )  # fmt: skip
+
+
+@router.get("/workloads", response_class=HTMLResponse)
+def workloads_page(
+    request: Request,
+    gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
+) -> HTMLResponse:
+    return render(request, "workloads.html", workloads=_reads(request).workloads(gpu), gpu=gpu)
+
+
+@router.get("/workloads/{workload_id}", response_class=HTMLResponse)
+def workload_page(
+    request: Request,
+    workload_id: Annotated[int, Path(ge=1, le=ID_MAX)],
+    gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
+) -> HTMLResponse:
+    r = _reads(request)
+    return render(request, "workload.html", w=r.workload(workload_id, gpu),
+                  gpus=sorted({g.name for g in r.db.list_gpus()}))

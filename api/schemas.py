@@ -6,8 +6,14 @@ from datetime import datetime
 from typing import Literal
 
 from db import JOB_BUDGET_LIMITS
+from kernels.layout import LAYOUTS, MAX_BATCH_GRID
 from pydantic import BaseModel, ConfigDict, Field
 
+
+LAYOUT_DOC = ("How A and B are stored: nn (A·B), nt (A·Bᵀ, e.g. x @ W.T in nn.Linear), tn (Aᵀ·B), tt (Aᵀ·Bᵀ); "
+              "A's letter then B's, t for an operand stored transposed (column-major).")
+Layout = Literal[tuple(LAYOUTS)]  # type: ignore[valid-type]
+MAX_BATCH = MAX_BATCH_GRID
 
 class ErrorOut(BaseModel):
     detail: str = Field(description="What was wrong with the request, in words.")
@@ -54,8 +60,10 @@ class ProblemOut(BaseModel):
     n: int
     k: int
     dtype: str
-    layout: str
+    layout: str = Field(description=LAYOUT_DOC)
     general_alpha_beta: bool
+    batch: int = Field(default=1, description="GEMMs of this shape in one call (a strided batch); 1: a single GEMM.")
+    label: str = Field(description="The shape as the tuner's --shape takes it: [Bx]MxNxK[:layout].")
 
 
 class BestConfig(BaseModel):
@@ -85,7 +93,10 @@ class BestOut(BaseModel):
         default=None, description="With match other_gpu (or none from a fallback): the GPU asked for, never seen here."
     )
     requested: Shape
+    layout: str = Field(default="nn", description=LAYOUT_DOC)
+    batch: int = Field(default=1, description="The batch count asked for (and, with nearest, of the shape measured: see `shape_batch`).")
     shape: Shape | None = Field(default=None, description="The shape the result was measured on.")
+    shape_batch: int | None = Field(default=None, description="The batch count of the problem the result was measured on.")
     distance: float | None = Field(
         default=None, description="Log2-space distance from the requested shape (0 for exact)."
     )
@@ -194,6 +205,8 @@ class JobIn(BaseModel):
     m: int = Field(ge=1, le=JOB_MAX_DIM)
     n: int = Field(ge=1, le=JOB_MAX_DIM)
     k: int = Field(ge=1, le=JOB_MAX_DIM)
+    layout: Layout = Field(default="nn", description=LAYOUT_DOC)
+    batch: int = Field(default=1, ge=1, le=MAX_BATCH, description="GEMMs of this shape in one call (a strided batch).")
     families: list[str] | None = Field(default=None, max_length=50,
                                        description="Kernel families to tune; left out or []: the worker's default (all).")
     budget: JobBudgetIn = Field(default_factory=JobBudgetIn)
@@ -209,6 +222,7 @@ class JobOut(BaseModel):
     dtype: str
     layout: str
     general_alpha_beta: bool
+    batch: int = 1
     families: list[str] = Field(description="[]: the worker's default families.")
     budget: dict = Field(description="trials / patience / total_seconds; a missing key: the worker's default.")
     origin: str = Field(description="request (POST /api/jobs) or best (a miss on /api/best with tune=true).")
@@ -220,3 +234,28 @@ class JobOut(BaseModel):
     claimed_at: datetime | None = None
     heartbeat_at: datetime | None = None
     ended_at: datetime | None = None
+
+
+class WorkloadProblemOut(BaseModel):
+    m: int
+    n: int
+    k: int
+    layout: str
+    batch: int
+    label: str
+    count: int = Field(description="Calls recorded.")
+    share: float = Field(description="Share of the workload's GEMM time, 0..1.")
+    best: BestConfig | None = Field(default=None, description="The best verified config tuned on exactly this problem "
+                                    "on `gpu`, if any.")
+    served: bool = Field(description="A tuned kernel beats cuBLAS on this problem on `gpu` (what gemmtune.enable() runs).")
+
+
+class WorkloadOut(BaseModel):
+    id: int
+    name: str
+    recorded_on: str | None = Field(default=None, description="The GPU the workload was recorded on.")
+    gpu: str | None = Field(default=None, description="The GPU model the tuned results below are for.")
+    gemm_ms: float | None = Field(default=None, description="The workload's GEMM time as recorded.")
+    created_at: datetime
+    served_share: float = Field(description="Share of the workload's GEMM time that tuned kernels serve on `gpu`.")
+    problems: list[WorkloadProblemOut] = Field(description="Largest share first.")

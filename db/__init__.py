@@ -14,6 +14,7 @@ from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, Measure
 from .records import TRIAL_RESULT, ResultField  # the one definition of a trial's result
 from .states import DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
 from .urls import default_url, resolve_url
+from .workloads import Workload, WorkloadError, WorkloadProblem, read_workload, write_workload
 
 __all__ = [
     "Database", "open_database", "default_url", "resolve_url",
@@ -25,4 +26,5 @@ __all__ = [
     "StorageError", "NotADatabaseError", "SchemaTooNewError",
     "log2_distance",
     "Job", "JOB_STATES", "JOB_ORIGINS", "JOB_BUDGET_LIMITS", "MAX_JOB_ATTEMPTS", "UnknownJobError",
+    "Workload", "WorkloadError", "WorkloadProblem", "read_workload", "write_workload",
 ]

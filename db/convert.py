@@ -19,7 +19,7 @@ def gpu(row: GpuRow) -> Gpu:
 def problem(row: ProblemRow) -> Problem:
     return Problem(
         id=row.id, m=row.m, n=row.n, k=row.k, dtype=row.dtype, layout=row.layout,
-        general_alpha_beta=bool(row.general_alpha_beta),
+        general_alpha_beta=bool(row.general_alpha_beta), batch=row.batch,
     )
 
 

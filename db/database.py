@@ -10,14 +10,15 @@ from .listing import Listings
 from .queries import Queries
 from .schema import prepare_schema
 from .urls import resolve_url
+from .workloads import Workloads
 from .writes import Writes
 
 
-class Database(Writes, Queries, Listings, Jobs):
+class Database(Writes, Queries, Listings, Jobs, Workloads):
     """Results of tuning runs. Methods return frozen dataclasses; no session outlives a call.
 
     Writes live in db/writes.py, "what is best" in db/queries.py, listings in db/listing.py,
-    the tuning-job queue in db/jobs.py.
+    the tuning-job queue in db/jobs.py, recorded workloads in db/workloads.py.
     """
 
 

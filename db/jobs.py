@@ -19,6 +19,8 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from kernels.layout import problem_label, shape_text
+
 from . import validate
 from .core import DatabaseCore
 from .errors import InvalidInputError, UnknownGpuError, bad_value
@@ -67,10 +69,15 @@ class Job:
     claimed_at: datetime | None
     heartbeat_at: datetime | None
     ended_at: datetime | None
+    batch: int = 1
 
     @property
     def shape(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
+        return shape_text(self.m, self.n, self.k, self.batch)
+
+    @property
+    def label(self) -> str:
+        return problem_label(self.m, self.n, self.k, self.layout, self.batch)
 
 
 def _job(row: JobRow) -> Job:
@@ -80,7 +87,7 @@ def _job(row: JobRow) -> Job:
         families=list(row.families or []), budget=dict(row.budget or {}), origin=row.origin,
         state=row.state, reason=row.reason, worker=row.worker, attempts=row.attempts,
         run_ids=list(row.run_ids or []), created_at=row.created_at, claimed_at=row.claimed_at,
-        heartbeat_at=row.heartbeat_at, ended_at=row.ended_at,
+        heartbeat_at=row.heartbeat_at, ended_at=row.ended_at, batch=row.batch,
     )
 
 
@@ -124,14 +131,15 @@ class Jobs(DatabaseCore):
 
     def enqueue_job(self, gpu: str, m: int, n: int, k: int, *, families: list[str] | None = None,
                     budget: dict[str, Any] | None = None, origin: str = "request",
-                    dtype: str = "fp32", layout: str = "row-major",
-                    general_alpha_beta: bool = True) -> tuple[Job, bool]:
+                    dtype: str = "fp32", layout: str = "nn",
+                    general_alpha_beta: bool = True, batch: int = 1) -> tuple[Job, bool]:
         """Queue a job for a GPU model (name or UUID of a GPU seen before, any case) and problem.
 
         Returns (job, created). When the same GPU model and problem already have a queued or
         running job, that job is returned with created=False and nothing is written.
         """
         validate.shape(m, n, k)
+        validate.batch(batch)
         validate.problem_kind(dtype, layout, general_alpha_beta)
         families = _check_families(families)
         budget = check_budget(budget)
@@ -139,7 +147,7 @@ class Jobs(DatabaseCore):
             raise bad_value("job origin", origin, JOB_ORIGINS)
         with self._reading() as session:
             gpu_name = self._gpu_model(session, gpu)
-        key = dict(gpu_name=gpu_name, m=m, n=n, k=k, dtype=dtype, layout=layout,
+        key = dict(gpu_name=gpu_name, m=m, n=n, k=k, batch=batch, dtype=dtype, layout=layout,
                    general_alpha_beta=general_alpha_beta)
         for _ in range(3):
             try:

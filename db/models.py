@@ -93,14 +93,17 @@ class GpuRow(Base):
 class ProblemRow(Base):
     __tablename__ = "gt_problems"
     __table_args__ = (
-        UniqueConstraint("m", "n", "k", "dtype", "layout", "general_alpha_beta", name="uq_gt_problems_shape"),
+        UniqueConstraint("m", "n", "k", "batch", "dtype", "layout", "general_alpha_beta", name="uq_gt_problems_shape"),
         CheckConstraint("m > 0 AND n > 0 AND k > 0", name="positive_dims"),
+        CheckConstraint("batch > 0", name="positive_batch"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     m: Mapped[int] = mapped_column(Integer)
     n: Mapped[int] = mapped_column(Integer)
     k: Mapped[int] = mapped_column(Integer)
+    # independent GEMMs of this shape in one call (a strided batch, as torch.bmm); 1: a single GEMM
+    batch: Mapped[int] = mapped_column(Integer, server_default="1")
     dtype: Mapped[str] = mapped_column(String(20))
     layout: Mapped[str] = mapped_column(String(20))
     general_alpha_beta: Mapped[bool] = mapped_column(Boolean)
@@ -201,7 +204,7 @@ class JobRow(Base):
         CheckConstraint(_one_of("state", JOB_STATES), name="state"),
         CheckConstraint("m > 0 AND n > 0 AND k > 0", name="positive_dims"),
         # At most one open job per (GPU model, problem): a repeated request gets the open one.
-        Index("uq_gt_jobs_open_problem", "gpu_name", "m", "n", "k", "dtype", "layout",
+        Index("uq_gt_jobs_open_problem", "gpu_name", "m", "n", "k", "batch", "dtype", "layout",
               "general_alpha_beta", unique=True,
               sqlite_where=text("state IN ('queued', 'running')"),
               postgresql_where=text("state IN ('queued', 'running')")),
@@ -214,6 +217,7 @@ class JobRow(Base):
     m: Mapped[int] = mapped_column(Integer)
     n: Mapped[int] = mapped_column(Integer)
     k: Mapped[int] = mapped_column(Integer)
+    batch: Mapped[int] = mapped_column(Integer, server_default="1")
     dtype: Mapped[str] = mapped_column(String(20))
     layout: Mapped[str] = mapped_column(String(20))
     general_alpha_beta: Mapped[bool] = mapped_column(Boolean)
@@ -229,3 +233,16 @@ class JobRow(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WorkloadRow(Base):
+    """The GEMM problems of a recorded program with their shares of its GEMM time (db/workloads.py)."""
+
+    __tablename__ = "gt_workloads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    gpu_name: Mapped[str | None] = mapped_column(String(200))  # where it was recorded
+    problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # largest share first
+    gemm_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

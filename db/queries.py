@@ -18,8 +18,9 @@ from .records import Baseline, BestResult, NearestProblem
 _BEST_COLUMNS = (TrialRow, RunRow, GpuRow, ProblemRow, FamilyRow)
 
 
-def log2_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
-    """Distance between two GEMM shapes: Euclidean distance of (log2 M, log2 N, log2 K).
+def log2_distance(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    """Distance between two GEMM shapes: Euclidean distance of (log2 M, log2 N, log2 K) (and of
+    log2 batch, where both give a fourth size).
 
     Working in log2 makes a factor of two in any dimension count the same whether the
     dimension is 64 or 8192, which matches how tiled kernels' behaviour changes with size:
@@ -65,17 +66,19 @@ class Queries(DatabaseCore):
     def best(self, gpu: str, m: int, n: int, k: int, family: str | None = None,
              nearest: bool = True, *, source_hash: str | None = None,
              families: Collection[str] | None = None, source_hashes: Collection[str] | None = None,
-             dtype: str = "fp32", layout: str = "row-major",
-             general_alpha_beta: bool = True) -> BestResult | None:
+             dtype: str = "fp32", layout: str = "nn",
+             general_alpha_beta: bool = True, batch: int = 1) -> BestResult | None:
         """The fastest verified config for (gpu, problem), optionally of one family.
 
         gpu is a name or UUID (any case); a name covers every GPU of that name. Only trials in
         state "ok" qualify. When the exact problem has none and `nearest` is set, the answer
-        comes from the closest tuned problem (see log2_distance), with match="nearest".
+        comes from the closest tuned problem of the same layout (see log2_distance; batch
+        counts as a fourth size), with match="nearest".
         None when nothing qualifies; an unknown gpu raises UnknownGpuError. `families` and
         `source_hashes` restrict to sets of family names / versions (both for exact and nearest).
         """
         requested = validate.shape(m, n, k)
+        validate.batch(batch)
         validate.problem_kind(dtype, layout, general_alpha_beta)
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
@@ -85,7 +88,8 @@ class Queries(DatabaseCore):
                 ProblemRow.general_alpha_beta == general_alpha_beta,
             )
             exact = session.execute(
-                query.where(ProblemRow.m == m, ProblemRow.n == n, ProblemRow.k == k).limit(1)
+                query.where(ProblemRow.m == m, ProblemRow.n == n, ProblemRow.k == k,
+                            ProblemRow.batch == batch).limit(1)
             ).first()
             if exact is not None:
                 return _best_result(session, exact, requested, "exact", 0.0)
@@ -93,7 +97,7 @@ class Queries(DatabaseCore):
                 return None
             candidates = self._tuned_problems(session, gpu_ids, requested, family, source_hash,
                                               dtype, layout, general_alpha_beta, families,
-                                              source_hashes)
+                                              source_hashes, batch)
             if not candidates:
                 return None
             closest = candidates[0]
@@ -102,17 +106,18 @@ class Queries(DatabaseCore):
 
     def top_k(self, gpu: str, m: int, n: int, k: int, *, family: str | None = None,
               families: Collection[str] | None = None,
-              limit: int = 10, dtype: str = "fp32", layout: str = "row-major",
-              general_alpha_beta: bool = True) -> list[BestResult]:
+              limit: int = 10, dtype: str = "fp32", layout: str = "nn",
+              general_alpha_beta: bool = True, batch: int = 1) -> list[BestResult]:
         """The `limit` fastest verified trials for exactly this (gpu, problem), best first."""
         requested = validate.shape(m, n, k)
+        validate.batch(batch)
         validate.problem_kind(dtype, layout, general_alpha_beta)
         _, limit = validate.paging(0, limit)
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
             query = _family_filter(_ok_trials(), family, None, families).where(
                 RunRow.gpu_id.in_(gpu_ids), ProblemRow.m == m, ProblemRow.n == n,
-                ProblemRow.k == k, ProblemRow.dtype == dtype, ProblemRow.layout == layout,
+                ProblemRow.k == k, ProblemRow.batch == batch, ProblemRow.dtype == dtype, ProblemRow.layout == layout,
                 ProblemRow.general_alpha_beta == general_alpha_beta,
             ).limit(limit)
             return [_best_result(session, row, requested, "exact", 0.0)
@@ -130,21 +135,22 @@ class Queries(DatabaseCore):
 
     def nearest_problems(self, gpu: str, m: int, n: int, k: int, limit: int = 5, *,
                          family: str | None = None, families: Collection[str] | None = None,
-                         dtype: str = "fp32", layout: str = "row-major",
-                         general_alpha_beta: bool = True) -> list[NearestProblem]:
+                         dtype: str = "fp32", layout: str = "nn",
+                         general_alpha_beta: bool = True, batch: int = 1) -> list[NearestProblem]:
         """Problems tuned on this gpu (≥ 1 ok trial), closest to (m, n, k) first.
 
         distance = sqrt((log2 M - log2 m)² + (log2 N - log2 n)² + (log2 K - log2 k)²), see
-        log2_distance; ties go to the smaller shape. The exact problem, if tuned, comes first
-        with distance 0.
+        log2_distance, with batch as a fourth size); ties go to the smaller shape. The exact
+        problem, if tuned, comes first with distance 0.
         """
         requested = validate.shape(m, n, k)
+        validate.batch(batch)
         validate.problem_kind(dtype, layout, general_alpha_beta)
         _, limit = validate.paging(0, limit)
         with self._reading() as session:
             gpu_ids = self._gpu_ids(session, gpu)
             return self._tuned_problems(session, gpu_ids, requested, family, None, dtype,
-                                        layout, general_alpha_beta, families)[:limit]
+                                        layout, general_alpha_beta, families, None, batch)[:limit]
 
     def latest_baseline(self, gpu_id: int, problem_id: int,
                         library: str = "cublas") -> Baseline | None:
@@ -198,7 +204,7 @@ class Queries(DatabaseCore):
     def _tuned_problems(session: Session, gpu_ids: Sequence[int], requested: tuple[int, int, int],
                         family: str | None, source_hash: str | None, dtype: str, layout: str,
                         general_alpha_beta: bool, families: Collection[str] | None = None,
-                        source_hashes: Collection[str] | None = None) -> list[NearestProblem]:
+                        source_hashes: Collection[str] | None = None, batch: int = 1) -> list[NearestProblem]:
         query = _family_filter(
             select(ProblemRow, func.max(TrialRow.gflops), func.count(TrialRow.id))
             .join(RunRow, RunRow.problem_id == ProblemRow.id)
@@ -213,10 +219,10 @@ class Queries(DatabaseCore):
         # Few tuned shapes per GPU: rank in Python, where log2 is the same on every backend.
         found = [
             NearestProblem(problem=convert.problem(p), best_gflops=float(best), n_ok=int(count),
-                           distance=log2_distance((p.m, p.n, p.k), requested))
+                           distance=log2_distance((p.m, p.n, p.k, p.batch), (*requested, batch)))
             for p, best, count in session.execute(query)
         ]
-        found.sort(key=lambda c: (c.distance, c.problem.m * c.problem.n * c.problem.k,
+        found.sort(key=lambda c: (c.distance, c.problem.batch * c.problem.m * c.problem.n * c.problem.k,
                                   c.problem.m, c.problem.n, c.problem.id))
         return found
 

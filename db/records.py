@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from kernels.layout import problem_label, shape_text
+
 from .errors import InvalidInputError, bad_value
 from .states import TRIAL_STATES
 
@@ -156,12 +158,19 @@ class Problem:
     n: int
     k: int
     dtype: str
-    layout: str
+    layout: str  # how A and B are stored: "nn", "nt", "tn", "tt" (kernels/layout.py)
     general_alpha_beta: bool
+    batch: int = 1  # GEMMs of this shape in one call (a strided batch)
 
     @property
     def shape(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
+        """``MxNxK``, or ``BxMxNxK`` for a batch."""
+        return shape_text(self.m, self.n, self.k, self.batch)
+
+    @property
+    def label(self) -> str:
+        """The shape and, unless "nn", the layout: ``4096x3072x1024:nt``."""
+        return problem_label(self.m, self.n, self.k, self.layout, self.batch)
 
 
 @dataclass(frozen=True)

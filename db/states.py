@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kernels.layout import LAYOUTS as KERNEL_LAYOUTS
+
 TRIAL_STATES: tuple[str, ...] = (
     "ok",  # verified against the float64 reference and timed
     "rejected",  # the family's constraints refused the config before compiling
@@ -24,5 +26,6 @@ JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed")
 END_STATES: tuple[str, ...] = tuple(s for s in RUN_STATES if s != "running")
 
 # Problem vocabularies the kernels implement today; a typo ("float32") is refused, not stored.
+# Layouts (how A and B are stored: "nn", "nt", "tn", "tt") are the kernels' own.
 DTYPES: tuple[str, ...] = ("fp32",)
-LAYOUTS: tuple[str, ...] = ("row-major",)
+LAYOUTS: tuple[str, ...] = KERNEL_LAYOUTS

@@ -21,6 +21,10 @@ def shape(m: Any, n: Any, k: Any) -> tuple[int, int, int]:
     return positive_int("m", m), positive_int("n", n), positive_int("k", k)
 
 
+def batch(value: Any) -> int:
+    return positive_int("batch", value)
+
+
 def problem_kind(dtype: Any, layout: Any, general_alpha_beta: Any) -> None:
     if dtype not in DTYPES:
         raise bad_value("dtype", dtype, DTYPES)

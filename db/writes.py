@@ -65,10 +65,11 @@ class Writes(DatabaseCore):
         return self._ensure(find, create)
 
     def ensure_problem(self, m: int, n: int, k: int, dtype: str = "fp32",
-                       layout: str = "row-major", general_alpha_beta: bool = True) -> int:
+                       layout: str = "nn", general_alpha_beta: bool = True, batch: int = 1) -> int:
         validate.shape(m, n, k)
+        validate.batch(batch)
         validate.problem_kind(dtype, layout, general_alpha_beta)
-        key = dict(m=m, n=n, k=k, dtype=dtype, layout=layout,
+        key = dict(m=m, n=n, k=k, batch=batch, dtype=dtype, layout=layout,
                    general_alpha_beta=general_alpha_beta)
 
         def find(session: Session) -> int | None:

@@ -6,7 +6,7 @@ from kernels.compiler import CompiledKernel, CompileError, Resources, compile_co
 from kernels.families import LADDER
 from kernels.layout import DEFAULT_LAYOUT, LAYOUTS, check_layout, stored_shapes
 from kernels.occupancy import ARCH_LIMITS, Occupancy, max_registers, occupancy
-from kernels.space import PRECISIONS, Config, ConfigError, Constraint, Family, Launch, Param
+from kernels.space import PRECISIONS, BoundFamily, Config, ConfigError, Constraint, Family, Launch, Param, bind
 
 FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
 
@@ -27,7 +27,7 @@ def gemm(family, config, a, b, c, m, n, k, alpha=1.0, beta=0.0, **options):
 
 
 __all__ = [
-    "ARCH_LIMITS", "CompileError", "DEFAULT_LAYOUT", "LAYOUTS", "check_layout", "stored_shapes", "PRECISIONS", "CompiledKernel", "Config", "ConfigError", "Constraint", "FAMILIES",
+    "ARCH_LIMITS", "BoundFamily", "bind", "CompileError", "DEFAULT_LAYOUT", "LAYOUTS", "check_layout", "stored_shapes", "PRECISIONS", "CompiledKernel", "Config", "ConfigError", "Constraint", "FAMILIES",
     "Family", "Launch", "Occupancy", "Param", "Resources", "compile_config", "gemm", "get_family",
     "nvrtc_version", "occupancy", "max_registers",
 ]

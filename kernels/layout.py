@@ -37,3 +37,14 @@ def check_batch(batch: object) -> int:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     return batch
+
+
+def shape_text(m: int, n: int, k: int, batch: int = 1) -> str:
+    """``MxNxK``, or ``BxMxNxK`` for a batch of B: the batch leads, as in a tensor's shape."""
+    return f"{batch}x{m}x{n}x{k}" if batch > 1 else f"{m}x{n}x{k}"
+
+
+def problem_label(m: int, n: int, k: int, layout: str = DEFAULT_LAYOUT, batch: int = 1) -> str:
+    """How a problem is written on the command line and shown: ``shape_text``, then ``:layout``
+    where it is not "nn" (e.g. ``4096x3072x1024:nt``, ``128x512x512x64:nt``)."""
+    return shape_text(m, n, k, batch) + ("" if layout == DEFAULT_LAYOUT else f":{layout}")

@@ -245,6 +245,8 @@ def _libcuda() -> Any:
         fn = lib.cuLaunchKernel
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuCtxSetCurrent.restype = ctypes.c_int
+        lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         _LIBCUDA = lib
     return _LIBCUDA
 
@@ -255,8 +257,9 @@ class Plan:
     that a call writes only what changed (pointers, scalars) and launches."""
 
     def __init__(self, kernel: LoadedKernel, launches: Sequence[Launch], workspace_bytes: int,
-                 dims: tuple[int, int, int]):
+                 dims: tuple[int, int, int], context: Any = None):
         self.kernel = kernel
+        self._context = int(context) if context is not None else None  # the device's primary context
         self.launches = tuple(launches)
         self.workspace_bytes = workspace_bytes
         self.dims = dims
@@ -274,9 +277,13 @@ class Plan:
             *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,
             stream: int = 0) -> None:
         """C = alpha*op(A)*op(B) + beta*C (+ bias) for device addresses, asynchronously on
-        `stream`; workspace: at least ``workspace_bytes`` of device memory (when > 0)."""
-        launch = _libcuda().cuLaunchKernel
+        `stream`; workspace: at least ``workspace_bytes`` of device memory (when > 0). Makes the
+        plan's device context current on the calling thread (whatever thread that is)."""
+        lib = _libcuda()
+        launch = lib.cuLaunchKernel
         args = self._args
+        if self._context is not None:
+            lib.cuCtxSetCurrent(self._context)
         with self._lock:
             for i, v in ((3, alpha), (4, a), (5, lda), (6, b), (7, ldb), (8, beta), (9, c), (10, ldc),
                          (11, workspace), (12, bias), (13, strides[0]), (14, strides[1]), (15, strides[2])):
@@ -338,7 +345,7 @@ def _new_plan(fam: Family, config: Config, m: int, n: int, k: int, layout: str, 
                                                         launches)
         if len(_PLANS) >= PLAN_CACHE:
             _PLANS.clear()
-        made = _PLANS[key] = Plan(kernel, launches, need, (m, n, k))
+        made = _PLANS[key] = Plan(kernel, launches, need, (m, n, k), _CONTEXTS[device])
     return made
 
 

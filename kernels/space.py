@@ -280,8 +280,66 @@ class Family:
         rng = random.Random(seed)
         return rng.sample(pool, min(count, len(pool)))
 
+    @property
+    def base(self) -> "Family":
+        """The registered family itself (a BoundFamily's is the family it binds)."""
+        return self
+
     def __repr__(self) -> str:
         return f"<Family {self.rung}:{self.name}>"
+
+
+class BoundFamily:
+    """A family bound to one problem's layout and batch count: the same parameters, constraints
+    and name, but its program, launches, workspace and FLOP count are that problem's. The
+    tuner hands these around where it handles one problem (a study, a sweep), so everything
+    below it (compile pools, cache keys, the GPU child) builds and runs the right program
+    without being told the layout. Everything else is the family's own."""
+
+    def __init__(self, family: Family, layout: str, batch: int) -> None:
+        transposed(layout)
+        check_batch(batch)
+        self.family, self.layout, self.batch = family, layout, batch
+
+    def __getattr__(self, name: str):
+        return getattr(self.family, name)
+
+    def __reduce__(self):
+        return (BoundFamily, (self.family, self.layout, self.batch))
+
+    @property
+    def base(self) -> Family:
+        return self.family
+
+    def program(self, c: Config, layout: str | None = None) -> str:
+        return self.family.program(c, self.layout)
+
+    def launches(self, c: Config, m: int, n: int, k: int, layout: str | None = None,
+                 batch: int | None = None) -> list[Launch]:
+        return self.family.launches(c, m, n, k, self.layout, self.batch)
+
+    def main_launch(self, c: Config, m: int, n: int, k: int, layout: str | None = None,
+                    batch: int | None = None) -> Launch:
+        return self.family.main_launch(c, m, n, k, self.layout, self.batch)
+
+    def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str | None = None,
+                        batch: int | None = None) -> int:
+        return self.family.workspace_bytes(c, m, n, k, self.layout, self.batch)
+
+    def flops(self, m: int, n: int, k: int) -> int:
+        return self.batch * self.family.flops(m, n, k)
+
+    def __repr__(self) -> str:
+        return f"<Family {self.family.rung}:{self.family.name} {self.layout} x{self.batch}>"
+
+
+def bind(family: "Family | BoundFamily", layout: str = "nn", batch: int = 1) -> "Family | BoundFamily":
+    """``family`` for problems of this layout and batch: itself for a single "nn" GEMM (what
+    every family did before layouts), else a BoundFamily."""
+    base = family.base
+    if layout == "nn" and batch == 1:
+        return base
+    return BoundFamily(base, layout, batch)
 
 
 def enumerate_accepted(family: Family, arch: str = "sm_90") -> Iterator[dict[str, int]]:

@@ -111,6 +111,39 @@ def test_migrations_build_exactly_the_models(url: str) -> None:
     assert differences == []
 
 
+def test_a_database_from_before_layouts_is_migrated_and_keeps_its_results(url: str) -> None:
+    """A schema at revision 0003 (problems and jobs spelled "row-major", no batch) opens as
+    layout "nn", batch 1, with its rows and their ids intact; batched and other-layout problems
+    then sit beside them."""
+    from alembic import command
+
+    from db.schema import alembic_config
+
+    engine = raw_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0003_jobs")
+        conn.execute(text("INSERT INTO gt_gpus (name, uuid, compute_capability, sm_count, memory_bytes, first_seen) "
+                          "VALUES ('NVIDIA H100', 'GPU-1', '9.0', 132, 1, CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO gt_problems (m, n, k, dtype, layout, general_alpha_beta) "
+                          "VALUES (1024, 512, 256, 'fp32', 'row-major', true)"))
+        conn.execute(text("INSERT INTO gt_jobs (gpu_name, m, n, k, dtype, layout, general_alpha_beta, families, "
+                          "budget, origin, state, attempts, run_ids, created_at) VALUES ('NVIDIA H100', 1024, 512, "
+                          "256, 'fp32', 'row-major', true, '[]', '{}', 'request', 'queued', 0, '[]', CURRENT_TIMESTAMP)"))
+        old_id = conn.execute(text("SELECT id FROM gt_problems")).scalar()
+    engine.dispose()
+    with db.open_database(url) as database:
+        assert database.ensure_problem(1024, 512, 256) == old_id  # "nn", batch 1: the old row
+        job = database.list_jobs()[0]
+        assert (job.layout, job.batch, job.label) == ("nn", 1, "1024x512x256")
+        batched = database.ensure_problem(512, 512, 64, layout="nt", batch=128)
+        assert batched != old_id and database.ensure_problem(512, 512, 64, layout="nt", batch=128) == batched
+        assert database.ensure_problem(1024, 512, 256, layout="nt") not in (old_id, batched)
+        with pytest.raises(db.InvalidInputError, match="layout"):
+            database.ensure_problem(1024, 512, 256, layout="row-major")
+        with pytest.raises(db.InvalidInputError, match="batch"):
+            database.ensure_problem(1024, 512, 256, batch=0)
+
+
 def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "notes.sqlite"
     content = b"these are my notes, not a database\n" * 200

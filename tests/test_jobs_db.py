@@ -43,7 +43,7 @@ def test_enqueue_stores_the_request_and_a_repeat_returns_the_open_job(database: 
     assert created and job.state == "queued" and job.attempts == 0 and job.worker is None
     assert job.gpu_name == H100.name  # the stored spelling, whatever case was asked for
     assert (job.m, job.n, job.k, job.dtype, job.layout, job.general_alpha_beta) == (
-        1024, 512, 256, "fp32", "row-major", True)
+        1024, 512, 256, "fp32", "nn", True)
     assert job.families == ["warptile", "splitk"] and job.budget == {"trials": 20, "total_seconds": 90.5}
     assert job.origin == "request" and job.run_ids == [] and job.created_at.tzinfo is not None
     assert database.get_job(job.id) == job

@@ -53,6 +53,8 @@ def test_help_explains_every_option():
         (["--shape", "axbxc"], ["'axbxc'", "MxNxK"]),
         (["--shape", "0x16x16"], ["M=0", "positive integer"]),
         (["--shape", "16x16x-3"], ["K=-3", "positive integer"]),
+        (["--shape", "16x16x16:xy"], ["'xy'", "nn, nt, tn, tt"]),
+        (["--shape", "0x16x16x16:nt"], ["B=0", "positive integer"]),
         (["--kernel", "fastest"], ["'fastest'", *kernels.FAMILIES]),
         (["--trials", "0"], ["--trials", "positive integer"]),
         (["--timeout", "-5"], ["--timeout", "positive"]),
@@ -232,7 +234,7 @@ def test_a_separate_optuna_storage_holds_the_studies(tmp_path, capsys):
     assert tune(parse_args(argv), StandInEvaluator(), progress=False) == 0
     names = optuna.get_all_study_names(f"sqlite:///{studies}")
     assert len(names) == 1 and "/smem@" in names[0]
-    assert names[0].endswith("/64x64x64/fp32/row-major")
+    assert names[0].endswith("/64x64x64/fp32/nn")
     with db.open_database(str(results)) as database:
         assert [run.study_name for run in database.list_runs()] == names
 

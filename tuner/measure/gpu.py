@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from kernels import Launch, nvrtc_version
+from kernels.layout import stored_shapes, transposed
 from kernels.reference import tolerance
 from kernels.runtime import CudaError, LoadedKernel, check, device_arch, use_device
 from tuner.measure.verify import NAN_BITS, DeviceCheck
@@ -53,7 +54,7 @@ def probe() -> str | None:
 # ---- cuBLAS through ctypes (the GPU host ships it; kept out of the core dependencies) --------
 CUDA_R_32F, CUDA_R_64F = 0, 1
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F = 68, 70
-CUBLAS_OP_N, CUBLAS_GEMM_DEFAULT = 0, -1
+CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_GEMM_DEFAULT = 0, 1, -1
 
 
 def _load_cublas() -> ctypes.CDLL:
@@ -84,16 +85,28 @@ class Cublas:
             raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
     def gemm(self, m: int, n: int, k: int, alpha: float, a: int, b: int, beta: float, c: int,
-             double: bool = False) -> None:
-        """Row-major C = alpha*A*B + beta*C, computed as column-major C^T = B^T A^T.
+             double: bool = False, layout: str = "nn", batch: int = 1) -> None:
+        """Row-major C = alpha*op(A)*op(B) + beta*C for dense operands stored as ``layout``
+        says (kernels/layout.py), a strided batch of ``batch``; computed as column-major
+        C^T = op(B)^T op(A)^T (a row-major stored operand is its transpose, column-major).
         FP32 uses CUBLAS_COMPUTE_32F: no TF32."""
         scalar = ctypes.c_double if double else ctypes.c_float
         dtype, compute = (CUDA_R_64F, CUBLAS_COMPUTE_64F) if double else (CUDA_R_32F, CUBLAS_COMPUTE_32F)
         al, be = scalar(alpha), scalar(beta)
-        self._ok(self.lib.cublasGemmEx(
-            self.handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, ctypes.byref(al),
-            ctypes.c_void_p(b), dtype, n, ctypes.c_void_p(a), dtype, k, ctypes.byref(be),
-            ctypes.c_void_p(c), dtype, n, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+        ta, tb = transposed(layout)
+        (ra, ca), (rb, cb) = stored_shapes(layout, m, n, k)
+        op_b, op_a = (CUBLAS_OP_T if tb else CUBLAS_OP_N), (CUBLAS_OP_T if ta else CUBLAS_OP_N)
+        if batch == 1:
+            self._ok(self.lib.cublasGemmEx(
+                self.handle, op_b, op_a, n, m, k, ctypes.byref(al),
+                ctypes.c_void_p(b), dtype, cb, ctypes.c_void_p(a), dtype, ca, ctypes.byref(be),
+                ctypes.c_void_p(c), dtype, n, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+            return
+        self._ok(self.lib.cublasGemmStridedBatchedEx(
+            self.handle, op_b, op_a, n, m, k, ctypes.byref(al),
+            ctypes.c_void_p(b), dtype, cb, ctypes.c_longlong(rb * cb), ctypes.c_void_p(a), dtype, ca,
+            ctypes.c_longlong(ra * ca), ctypes.byref(be), ctypes.c_void_p(c), dtype, n, ctypes.c_longlong(m * n),
+            batch, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
 
 
 # ---- SM clock through NVML, when the host has it ------------------------------------------------
@@ -187,6 +200,7 @@ class GpuBench:
         self.ref: DeviceBuffer | None = None
         self.c0: DeviceBuffer | None = None
         self.problem: tuple[int, int, int] | None = None
+        self.layout, self.batch = "nn", 1
 
     # ---- identity ---------------------------------------------------------------------------
     def arch(self) -> str:
@@ -225,36 +239,49 @@ class GpuBench:
                                                  self.device), "L2 size")
 
     # ---- problem ----------------------------------------------------------------------------
-    def set_problem(self, m: int, n: int, k: int, seed: int = 0) -> None:
+    def set_problem(self, m: int, n: int, k: int, seed: int = 0, layout: str = "nn", batch: int = 1) -> None:
         """Random inputs in rotating sets (so small problems are not timed out of L2) and the
-        float64 reference of set 0, computed by cuBLAS DGEMM on the GPU."""
+        float64 reference of set 0, computed by cuBLAS DGEMM on the GPU. A and B are stored
+        as ``layout`` says, densely, ``batch`` of each (kernels/layout.py)."""
         self._free()
         rng = np.random.default_rng(seed)
-        set_bytes = 4 * (m * k + k * n + m * n)
+        (ra, ca), (rb, cb) = stored_shapes(layout, m, n, k)
+        a_shape, b_shape, c_shape = (batch, ra, ca), (batch, rb, cb), (batch, m, n)
+        set_bytes = 4 * batch * (m * k + k * n + m * n)
         count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_FACTOR * self.l2_bytes() / set_bytes)))
-        host_a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-        host_b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-        self.c0 = DeviceBuffer(4 * m * n)
-        self.c0.upload(rng.uniform(-1, 1, (m, n)).astype(np.float32))
+        host_a = rng.uniform(-1, 1, a_shape).astype(np.float32)
+        host_b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+        self.c0 = DeviceBuffer(4 * batch * m * n)
+        self.c0.upload(rng.uniform(-1, 1, c_shape).astype(np.float32))
         for i in range(count):
-            a, b, c = DeviceBuffer(4 * m * k), DeviceBuffer(4 * k * n), DeviceBuffer(4 * m * n)
+            a, b, c = DeviceBuffer(host_a.nbytes), DeviceBuffer(host_b.nbytes), DeviceBuffer(4 * batch * m * n)
             if i == 0:
                 a.upload(host_a)
                 b.upload(host_b)
             else:
-                a.upload(rng.uniform(-1, 1, (m, k)).astype(np.float32))
-                b.upload(rng.uniform(-1, 1, (k, n)).astype(np.float32))
+                a.upload(rng.uniform(-1, 1, a_shape).astype(np.float32))
+                b.upload(rng.uniform(-1, 1, b_shape).astype(np.float32))
             self.sets.append((a, b, c))
+        self.layout, self.batch = layout, batch
         self.ref = self._reference(m, n, k, host_a, host_b)
         self.problem = (m, n, k)
 
+    def operands(self) -> tuple[int, int, int, tuple[int, int, int]]:
+        """lda, ldb, ldc and the batch strides of the problem's dense operands."""
+        m, n, k = self._need_problem()
+        (ra, ca), (rb, cb) = stored_shapes(self.layout, m, n, k)
+        strides = (ra * ca, rb * cb, m * n) if self.batch > 1 else (0, 0, 0)
+        return ca, cb, n, strides
+
     def _reference(self, m: int, n: int, k: int, host_a: np.ndarray, host_b: np.ndarray) -> DeviceBuffer:
-        """float64 A*B on the device (kept there: verification reads it on every candidate)."""
-        a64, b64, c64 = DeviceBuffer(8 * m * k), DeviceBuffer(8 * k * n), DeviceBuffer(8 * m * n)
+        """float64 op(A)*op(B) on the device (kept there: verification reads it on every candidate)."""
+        a64, b64, c64 = (DeviceBuffer(8 * host_a.size), DeviceBuffer(8 * host_b.size),
+                         DeviceBuffer(8 * self.batch * m * n))
         try:
             a64.upload(host_a.astype(np.float64))
             b64.upload(host_b.astype(np.float64))
-            self.cublas.gemm(m, n, k, 1.0, a64.ptr, b64.ptr, 0.0, c64.ptr, double=True)
+            self.cublas.gemm(m, n, k, 1.0, a64.ptr, b64.ptr, 0.0, c64.ptr, double=True, layout=self.layout,
+                             batch=self.batch)
             self._sync()
             return c64
         except BaseException:
@@ -304,8 +331,9 @@ class GpuBench:
 
     def baseline(self) -> dict:
         m, n, k = self._need_problem()
-        timing = self._time(lambda s: self.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr))
-        return {"library": "cublas", **timing.summary(2 * m * n * k)}
+        timing = self._time(lambda s: self.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr,
+                                                       layout=self.layout, batch=self.batch))
+        return {"library": "cublas", **timing.summary(2 * m * n * k * self.batch)}
 
     # ---- candidates -------------------------------------------------------------------------
     def evaluate(self, cubin: bytes, launches: Sequence[Launch], workspace_bytes: int, flops: int) -> dict:
@@ -325,12 +353,14 @@ class GpuBench:
                 return self._launch_error(result, e)
             phases["load"], mark = time.perf_counter() - mark, time.perf_counter()
             ws = workspace.ptr if workspace else 0
+            lda, ldb, ldc, strides = self.operands()
             worst = 0.0
             a, b, c = self.sets[0]
             for alpha, beta in VERIFY_ALPHA_BETA:
                 self._reset_c(beta)
                 try:
-                    kernel.launch(m, n, k, alpha, a.ptr, k, b.ptr, n, beta, c.ptr, n, ws, self.stream)
+                    kernel.launch(m, n, k, alpha, a.ptr, lda, b.ptr, ldb, beta, c.ptr, ldc, ws, self.stream,
+                                  strides=strides)
                 except CudaError as e:
                     return self._launch_error(result, e)
                 worst = max(worst, self._device_error(alpha, beta))
@@ -340,8 +370,8 @@ class GpuBench:
                 result.update(state="wrong_result",
                               error=f"relative error {worst:.3g} exceeds {tolerance(k):.3g} (K={k})")
                 return result
-            timing = self._time(lambda s: kernel.launch(m, n, k, 1.0, s[0].ptr, k, s[1].ptr, n, 0.0,
-                                                         s[2].ptr, n, ws, self.stream))
+            timing = self._time(lambda s: kernel.launch(m, n, k, 1.0, s[0].ptr, lda, s[1].ptr, ldb, 0.0,
+                                                         s[2].ptr, ldc, ws, self.stream, strides=strides))
             phases["time"] = time.perf_counter() - mark
             result.update(timing.summary(flops))
             # every event-timed launch (warm-up included) plus the verification launches, taken
@@ -369,17 +399,18 @@ class GpuBench:
         m, n, _ = self._need_problem()
         c = self.sets[0][2]
         if beta == 0.0:
-            check(driver.cuMemsetD32Async(c.ptr, NAN_BITS, m * n, self.stream), "cuMemsetD32Async(poison)")
+            check(driver.cuMemsetD32Async(c.ptr, NAN_BITS, self.batch * m * n, self.stream), "cuMemsetD32Async(poison)")
         else:
             assert self.c0 is not None
-            check(driver.cuMemcpyDtoDAsync(c.ptr, self.c0.ptr, 4 * m * n, self.stream), "cuMemcpyDtoDAsync(C0)")
+            check(driver.cuMemcpyDtoDAsync(c.ptr, self.c0.ptr, 4 * self.batch * m * n, self.stream),
+                  "cuMemcpyDtoDAsync(C0)")
 
     def _device_error(self, alpha: float, beta: float) -> float:
         """relative_error(set 0's C, alpha*A*B + beta*C0) once the launches queued before it ran."""
         m, n, _ = self._need_problem()
         assert self.ref is not None and self.c0 is not None  # set with the problem
         return self.verifier.relative_error(self.sets[0][2].ptr, self.ref.ptr, self.c0.ptr, alpha, beta,
-                                            m * n, self.stream)
+                                            self.batch * m * n, self.stream)
 
     def _launch_error(self, result: dict, e: CudaError) -> dict:
         if e.sticky:

@@ -501,7 +501,7 @@ class LiveEvaluator:
             return  # inputs and the float64 reference are already in place
         self._drain()
         with self.phases.timed(SETUP):
-            self.child.request(("problem", problem.m, problem.n, problem.k),
+            self.child.request(("problem", problem.m, problem.n, problem.k, 0, problem.layout, problem.batch),
                                self.setup_timeout_s, f"preparing problem {problem.shape}")
         self.problem = problem
 
@@ -654,7 +654,7 @@ class LiveEvaluator:
             self.replacements += 1
             if self.problem is not None:  # (not set_problem: it would wait for the queue)
                 problem, self.problem = self.problem, None  # unset if the new child fails too
-                self.child.request(("problem", problem.m, problem.n, problem.k),
+                self.child.request(("problem", problem.m, problem.n, problem.k, 0, problem.layout, problem.batch),
                                    self.setup_timeout_s, f"preparing problem {problem.shape}")
                 self.problem = problem
         # the candidates queued behind the failed one were never measured: the new child gets them

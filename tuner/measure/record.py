@@ -269,7 +269,7 @@ class GpuMeasurer:
         self.crashes = 0
 
     def set_problem(self, problem: Problem) -> None:
-        self.bench.set_problem(problem.m, problem.n, problem.k)
+        self.bench.set_problem(problem.m, problem.n, problem.k, layout=problem.layout, batch=problem.batch)
         self.problem = problem
 
     def measure(self, family: Any, config: dict[str, int], compiled: Any) -> RecordedResult:

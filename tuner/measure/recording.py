@@ -230,7 +230,7 @@ class Recording:
             "result_fields": list(RESULT_FIELDS),
             "problems": [
                 {"m": e.problem.m, "n": e.problem.n, "k": e.problem.k, "dtype": e.problem.dtype,
-                 "layout": e.problem.layout,
+                 "layout": e.problem.layout, "batch": e.problem.batch,
                  "general_alpha_beta": e.problem.general_alpha_beta,
                  "baseline": e.baseline,
                  "results": {name: [[*values, *_json_safe(result.row())]
@@ -291,13 +291,18 @@ class _BaselineModel(BaseModel):
     sm_clock_mhz: float | None = None
 
 
+# What recordings made before layouts call the only layout there was (kernels/layout.py: "nn").
+LEGACY_LAYOUTS = {"row-major": "nn"}
+
+
 class _ProblemModel(_Strict):
     m: int = Field(gt=0)
     n: int = Field(gt=0)
     k: int = Field(gt=0)
     dtype: str = "fp32"
-    layout: str = "row-major"
+    layout: str = "nn"  # how A and B were stored; files from before layouts say "row-major": "nn"
     general_alpha_beta: bool = True
+    batch: int = Field(default=1, gt=0)
     baseline: _BaselineModel | None = None
     results: dict[str, list[list[Any]]]
 
@@ -373,7 +378,8 @@ def from_json(data: Any, source: str = "recording") -> Recording:
     problems: list[ProblemRecording] = []
     seen: set[Problem] = set()
     for index, p in enumerate(model.problems):
-        problem = Problem(p.m, p.n, p.k, p.dtype, p.layout, p.general_alpha_beta)
+        problem = Problem(p.m, p.n, p.k, p.dtype, LEGACY_LAYOUTS.get(p.layout, p.layout), p.general_alpha_beta,
+                          p.batch)
         if problem in seen:
             raise RecordingError(f"{source}: problem {problem.shape} appears twice")
         seen.add(problem)

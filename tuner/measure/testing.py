@@ -161,7 +161,7 @@ class GpuBench:
     def arch(self) -> str:
         return "sm_90"
 
-    def set_problem(self, m: int, n: int, k: int) -> None:
+    def set_problem(self, m: int, n: int, k: int, seed: int = 0, layout: str = "nn", batch: int = 1) -> None:
         self.problem = (m, n, k)
 
     def baseline(self) -> dict[str, Any]:

@@ -89,9 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kernel family to tune, one of "
                              f"{', '.join(kernels.FAMILIES)}; repeat for several "
                              "(default: all)")
-    parser.add_argument("--shape", action="append", type=_shape, metavar="MxNxK", default=[],
-                        help=f"problem shape, e.g. 1024x1024x1024; repeat for several "
+    parser.add_argument("--shape", action="append", type=_shape, metavar="[Bx]MxNxK[:LAYOUT]", default=[],
+                        help=f"problem: MxNxK, e.g. 1024x1024x1024; BxMxNxK for a batch of B; :LAYOUT for "
+                             f"how A and B are stored (nn, nt, tn, tt: A's letter then B's, t for "
+                             f"transposed; default nn), e.g. 4096x3072x1024:nt; repeat for several "
                              f"(default: {_SHAPES_HELP})")
+    parser.add_argument("--workload", default=None, metavar="FILE",
+                        help="tune the problems of a workload file (python -m gemmtune profile, "
+                             "gemmtune.record_workload), largest share of its GEMM time first, after "
+                             "any --shape; the workload is stored for the dashboard")
     parser.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, metavar="N",
                         help="measured configs per study, counted over all runs of the study, "
                              "so running again resumes up to it (default: %(default)s)")
@@ -218,16 +224,33 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                      f"{', '.join(missing)}, which are not installed "
                      f"(pip install {' '.join(missing)}); or choose another of "
                      f"{', '.join(s for s in SAMPLERS if not missing_packages(s))}")
+    workload = None
+    if args.workload is not None:
+        import db
+
+        try:
+            workload = (Path(args.workload).name, db.read_workload(args.workload))
+        except db.WorkloadError as exc:
+            parser.error(f"argument --workload: {exc}")
+        if args.worker:
+            parser.error("argument --workload: a --worker takes its problems from the job queue, not a workload")
     return _options(args, families or list(kernels.FAMILIES.values()),
-                    sys.argv[1:] if argv is None else list(argv))
+                    sys.argv[1:] if argv is None else list(argv), workload)
 
 
-def _options(args: argparse.Namespace, families: list, words: list[str]) -> Options:
+def _options(args: argparse.Namespace, families: list, words: list[str],
+             workload: tuple[str, dict] | None = None) -> Options:
     """The parsed namespace, split into the parts each piece of the command uses."""
+    named = list(args.shape)
+    if workload is not None:
+        import db
+
+        named += [Problem(p.m, p.n, p.k, layout=p.layout, batch=p.batch)
+                  for p in db.workloads.check_workload(workload[1], workload[0])]
     return Options(
         families=families,
-        problems=list(dict.fromkeys(args.shape)) or list(DEFAULT_SHAPES),
-        kernels_named=bool(args.kernel), shapes_named=bool(args.shape),
+        problems=list(dict.fromkeys(named)) or list(DEFAULT_SHAPES),
+        kernels_named=bool(args.kernel), shapes_named=bool(named), workload=workload,
         mode="dry-run" if args.dry_run else "worker" if args.worker else "tune",
         replay=args.replay,
         command=shlex.join(["python", "-m", "tuner", *words]),

@@ -138,3 +138,4 @@ class Options:
     evaluator: EvaluatorOptions = field(default_factory=EvaluatorOptions)
     worker: WorkerOptions = field(default_factory=WorkerOptions)
     dry_run: DryRunOptions = field(default_factory=DryRunOptions)
+    workload: tuple[str, dict] | None = None  # --workload: (its file name, its document)

@@ -39,12 +39,12 @@ class Summary:
             best = self.best(problem)
             baseline = self.baselines.get(problem)
             if best is None:
-                rows.append([problem.shape, "-", "no verified config", "-", "-"])
+                rows.append([problem.label, "-", "no verified config", "-", "-"])
                 continue
             family, outcome = best
             gflops = outcome.best_gflops or 0.0
             fraction = f"{gflops / baseline.gflops:.2f}" if baseline else "-"
-            rows.append([problem.shape, family.name, config_text(outcome.best_config),
+            rows.append([problem.label, family.name, config_text(outcome.best_config),
                          f"{gflops:,.0f}", fraction])
         title = "Best kernel per shape" + (" (interrupted)" if self.interrupted else "")
         return title + "\n" + format_table(
@@ -59,7 +59,7 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
         return None
     problem_id = session.database.ensure_problem(
         problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
-        general_alpha_beta=problem.general_alpha_beta,
+        general_alpha_beta=problem.general_alpha_beta, batch=problem.batch,
     )
     sm_clock = None if baseline.sm_clock_mhz is None else int(round(baseline.sm_clock_mhz))
     session.database.add_baseline(

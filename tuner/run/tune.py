@@ -114,6 +114,8 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: A
     if stores is None:
         return EXIT_USAGE
     with stores.database, StopRequest() as stop, logging_redirect_tqdm():
+        if options.workload is not None:  # the dashboard shows it against what gets tuned
+            stores.database.save_workload(*options.workload)
         session = new_session(stores, evaluator, register_gpu(stores.database, evaluator),
                               options.search, compile_cache=options.evaluator.cache_dir,
                               command=options.command, stop=stop, progress=progress,

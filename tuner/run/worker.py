@@ -122,9 +122,9 @@ class Worker:
         from tuner.problem import Problem
 
         families_text = ", ".join(job.families) or "default families"
-        self.say(f"job {job.id}: {job.shape} on {job.gpu_name} ({families_text}; budget "
+        self.say(f"job {job.id}: {job.label} on {job.gpu_name} ({families_text}; budget "
                  f"{job.budget or 'default'}; claim {job.attempts})")
-        problem = Problem(job.m, job.n, job.k, job.dtype, job.layout, job.general_alpha_beta)
+        problem = Problem(job.m, job.n, job.k, job.dtype, job.layout, job.general_alpha_beta, job.batch)
         try:
             families = self.resolve_families(job.families)
             refused = self.check_problem(problem)
@@ -279,7 +279,7 @@ def _replay_rules(options: Options, evaluator: Any) -> tuple[Callable, Callable]
     def check(problem: Any) -> str | None:
         if problem in recorded:
             return None
-        return (f"the recording ({options.replay}) has no {problem.shape}; it holds "
+        return (f"the recording ({options.replay}) has no {problem.label}; it holds "
                 f"{', '.join(p.shape for p in recorded)}")
 
     return resolve, check

@@ -27,7 +27,7 @@ FOLDER = "accepted"  # under the CUBIN cache folder
 def _key(family: Any, arch: str) -> str:
     # The rules are Python (constraints, geometry, shared-memory limits): the family's classes'
     # modules and kernels.space are hashed with the CUDA source and the parameters' values.
-    modules = {inspect.getfile(cls) for cls in type(family).__mro__ if cls is not object}
+    modules = {inspect.getfile(cls) for cls in type(getattr(family, "base", family)).__mro__ if cls is not object}
     modules.add(inspect.getfile(kernels.space))
     parts = [family.name, family.source_hash, arch,
              repr([(p.name, sorted(p.values)) for p in family.params])]
@@ -47,7 +47,7 @@ def accepted(family: Any, arch: str, cache_dir: Path | str | None,
     arch, else computed and written (None, a space too large to enumerate: not cached).
     Families not registered by name (tests' fakes) are not cached: their name does not identify
     their rules."""
-    if kernels.FAMILIES.get(family.name) is not family:
+    if kernels.FAMILIES.get(family.name) is not getattr(family, "base", family):  # a BoundFamily accepts what its family does
         return enumerate_()
     names = [param.name for param in family.params]
     path = path_for(family, arch, cache_dir)

@@ -73,7 +73,7 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
     if _ahead is None:
         _ahead = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) // AHEAD_SHARE),
                                     thread_name_prefix="compile-ahead")
-    family = kernels.get_family(family_name)
+    family = kernels.bind(kernels.get_family(family_name), problem.layout, problem.batch)  # its layout's programs
     programs = set()
     for row in first_picks(startup.features, fitted.scores, batch):
         config = startup.accepted[row]
@@ -87,7 +87,7 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
 def can_prefetch(session: Session, family: Any) -> bool:
     """Only a registered family (it travels by name) of a live run: a replay ranks its start-up
     from the resources its recording holds, in the main thread."""
-    return (kernels.FAMILIES.get(family.name) is family
+    return (kernels.FAMILIES.get(family.name) is getattr(family, "base", family)
             and getattr(session.evaluator, "compiled_usage", None) is None)
 
 

@@ -275,7 +275,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     ``usage``: how the prior's compiles are made (default: NVRTC on threads of this process;
     the live evaluator's compile processes, ``CompilePool.usage``, give the same reports)."""
     started = time.perf_counter()
-    family = kernels.get_family(family_name)
+    family = kernels.bind(kernels.get_family(family_name), problem.layout, problem.batch)
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
     if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
         target = prior.Target(sm_count, arch)
@@ -347,6 +347,8 @@ class StudyRun:
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
                  baseline_gflops: float | None, startup: Startup | None = None) -> None:
+        # the family as this problem builds and runs it (its layout's program, its batch's launches)
+        family = kernels.bind(family, problem.layout, problem.batch)
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
         self.baseline_gflops = baseline_gflops
         self.name = study_name(session.gpu_name, family, problem)
@@ -960,7 +962,7 @@ class StudyRun:
         session, problem, budget = self.session, self.problem, self.budget
         problem_id = session.database.ensure_problem(
             problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
-            general_alpha_beta=problem.general_alpha_beta,
+            general_alpha_beta=problem.general_alpha_beta, batch=problem.batch,
         )
         family_id = session.database.ensure_family(self.family.name, self.family.source_hash)
         for dead in session.database.interrupt_stale_runs(session.stale_after_s):
@@ -974,7 +976,7 @@ class StudyRun:
         deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
         run_state, stop_reason = "failed", "error"
         bar = tqdm(total=budget.trials, initial=min(self.tally.measured, budget.trials),
-                   unit="trial", desc=f"{self.family.name} {problem.shape}",
+                   unit="trial", desc=f"{self.family.name} {problem.label}",
                    disable=not session.progress, leave=True, dynamic_ncols=True)
         self._show_best(bar)
         heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
