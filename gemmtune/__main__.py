@@ -1,7 +1,9 @@
 """`python -m gemmtune export-pack [--db URL] [-o pack.json] [--gpu NAME …] [--precision fp32|ffma]`
 writes the best configs per (GPU model, shape, arithmetic class) to a small JSON file.
 `python -m gemmtune show-pack PACK` lists a pack's entries and whether this installation runs them.
-`python -m gemmtune import-pack PACK [--db URL]` stores a pack's entries in a results database."""
+`python -m gemmtune import-pack PACK [--db URL]` stores a pack's entries in a results database.
+`python -m gemmtune profile SCRIPT [ARGS ...] [-o workload.json]` runs a PyTorch script and records
+the FP32 GEMMs it runs into a workload file for `python -m tuner --workload FILE`."""
 
 from __future__ import annotations
 
@@ -31,7 +33,16 @@ def main(argv: list[str] | None = None) -> int:
     imp = sub.add_parser("import-pack", help="store a pack's entries in a results database (one run each)")
     imp.add_argument("pack")
     imp.add_argument("--db", default=None, help=f"results database URL (default: $GEMMTUNE_DB, then {db.default_url()})")
+    prof = sub.add_parser("profile", help="run a PyTorch script and record the FP32 GEMMs it runs (a workload file)")
+    prof.add_argument("-o", "--output", default="workload.json", help="workload file to write (default: %(default)s)")
+    prof.add_argument("--enabled", action="store_true",
+                      help="run with the switch on (gemmtune.enable()), recording what runs then")
+    prof.add_argument("script", help="the Python script to run (as `python SCRIPT ARGS`)")
+    prof.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     args = ap.parse_args(argv)
+
+    if args.command == "profile":
+        return _profile(args, ap)
 
     if args.command == "import-pack":
         try:
@@ -71,6 +82,39 @@ def main(argv: list[str] | None = None) -> int:
     path = write_pack(pack, args.output)
     gpus = sorted({e["gpu"] for e in pack["entries"]})
     print(f"wrote {path}: {len(pack['entries'])} entries for {len(gpus)} GPU model(s) {', '.join(gpus)}")
+    return 0
+
+
+def _profile(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    import contextlib
+    import os
+    import runpy
+
+    from .switch import enabled
+    from .workload import record_workload
+
+    if not os.path.isfile(args.script):
+        ap.exit(2, f"no such script: {args.script}\n")
+    saved = sys.argv
+    sys.argv = [args.script, *args.script_args]
+    try:
+        with record_workload(label=os.path.basename(args.script)) as recorder, \
+                (enabled() if args.enabled else contextlib.nullcontext()):
+            runpy.run_path(args.script, run_name="__main__")
+    finally:
+        sys.argv = saved
+    from db.workloads import write_workload
+
+    workload = recorder.workload(os.path.basename(args.script))
+    path = write_workload(workload, args.output)
+    calls = sum(p["count"] for p in workload["problems"])
+    print(f"wrote {path}: {len(workload['problems'])} GEMM problems, {calls} calls, {workload['gemm_ms']:.1f} ms of "
+          f"GEMM time on {workload['gpu']}" + (f"; skipped {workload['skipped']}" if workload["skipped"] else ""))
+    for p in workload["problems"][:10]:
+        from kernels.layout import problem_label
+
+        print(f"  {problem_label(p['m'], p['n'], p['k'], p['layout'], p['batch']):<24} {p['count']:>6} calls "
+              f"{p['share']:6.1%} of GEMM time")
     return 0
 
 

@@ -1,17 +1,16 @@
-"""`matmul` and `explain`: validate, choose (dispatch.py), then run the tuned kernel through
-`kernels.gemm` on the array's device and its library's current stream, or the library's GEMM."""
+"""`matmul` and `explain` on arrays, eagerly: validate, choose (dispatch.py), then run the tuned
+kernel (launch.py) on the array's device and its library's current stream, or the library's
+GEMM. (Under torch.compile, gemmtune.matmul goes through the custom op of torch_op.py instead.)"""
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
-import kernels
-
 from . import arrays
-from .arrays import Operand
+from .arrays import Gemm, Operand
 from .dispatch import DISPATCHER, Choice
+from .launch import run_kernel
 from .precision import check_precision
 from .sources import Source
 
@@ -34,18 +33,15 @@ def device_info(device: int) -> tuple[str, str]:
     return info
 
 
-class _View:
-    """A row-major matrix with a leading dimension, handed to kernels.gemm (which reads lda from it)."""
+class _Null:
+    def __enter__(self) -> None:
+        return None
 
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, op: Operand) -> None:
-        self.__cuda_array_interface__ = {"version": 3, "shape": (op.rows, op.cols), "typestr": "<f4",
-                                         "data": (op.ptr, False), "strides": (op.ld * 4, 4), "stream": None}
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
-def _arg(op: Operand) -> Any:
-    return op.ptr if op.natural else _View(op)
+_NULL = _Null()
 
 
 # --- array libraries --------------------------------------------------------------------------------
@@ -77,10 +73,19 @@ class TorchLib:
         return get_raw(device) if get_raw is not None else torch.cuda.current_stream(device).cuda_stream
 
     @staticmethod
-    def empty(m: int, n: int, like: Any) -> Any:
+    def empty(shape: tuple[int, ...], like: Any) -> Any:
         import torch
 
-        return torch.empty((m, n), dtype=torch.float32, device=like.device)
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+
+    @staticmethod
+    def scratch(like: Any):
+        import torch
+
+        def allocate(nbytes: int) -> tuple[int, Any]:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+            return buffer.data_ptr(), buffer
+        return allocate
 
     @staticmethod
     def current() -> Any:
@@ -95,8 +100,9 @@ class TorchLib:
         torch.cuda.set_device(token)
 
     @staticmethod
-    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
-        """torch.mm / addmm_ with TF32 off (strict FP32, as the kernels), restored afterwards."""
+    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any = None) -> Any:
+        """torch.matmul with TF32 off (strict FP32, as the kernels), restored afterwards; then
+        alpha, beta and the bias as the kernels apply them (beta = 0 never reads out)."""
         import torch
 
         flags = torch.backends.cuda.matmul
@@ -104,12 +110,18 @@ class TorchLib:
             old = flags.allow_tf32
             flags.allow_tf32 = False
             try:
-                if out is None:
-                    r = torch.mm(a, b)
-                    return r.mul_(alpha) if alpha != 1.0 else r
-                return out.addmm_(a, b, beta=beta, alpha=alpha)  # beta=0 never reads out
+                r = torch.matmul(a, b)
             finally:
                 flags.allow_tf32 = old
+        if alpha != 1.0:
+            r.mul_(alpha)
+        if bias is not None:
+            r.add_(bias)
+        if out is None:
+            return r
+        if beta == 0.0:
+            return out.copy_(r)
+        return out.mul_(beta).add_(r)
 
 
 class CupyLib:
@@ -135,11 +147,21 @@ class CupyLib:
             return cupy.cuda.get_current_stream().ptr
 
     @staticmethod
-    def empty(m: int, n: int, like: Any) -> Any:
+    def empty(shape: tuple[int, ...], like: Any) -> Any:
         import cupy
 
         with like.device:
-            return cupy.empty((m, n), dtype=cupy.float32)
+            return cupy.empty(shape, dtype=cupy.float32)
+
+    @staticmethod
+    def scratch(like: Any):
+        import cupy
+
+        def allocate(nbytes: int) -> tuple[int, Any]:
+            with like.device:
+                buffer = cupy.empty(nbytes, dtype=cupy.uint8)
+            return buffer.data.ptr, buffer
+        return allocate
 
     @staticmethod
     def current() -> Any:
@@ -154,18 +176,22 @@ class CupyLib:
         cupy.cuda.runtime.setDevice(token)
 
     @staticmethod
-    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
+    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any = None) -> Any:
         import cupy
 
         with a.device:
             r = cupy.matmul(a, b)
+            if alpha != 1.0:
+                r *= alpha
+            if bias is not None:
+                r += bias
             if out is None:
-                return r * alpha if alpha != 1.0 else r
+                return r
             if beta == 0.0:
-                cupy.multiply(r, alpha, out=out)  # never reads out
+                out[...] = r  # never reads out
             else:
                 out *= beta
-                out += r * alpha if alpha != 1.0 else r
+                out += r
             return out
 
 
@@ -195,6 +221,10 @@ class CaiLib:
         return int(s) if s else 0
 
     @staticmethod
+    def scratch(like: Any):
+        return None  # kernels.runtime keeps a workspace per (device, stream)
+
+    @staticmethod
     def current() -> Any:
         from cuda.bindings import driver
 
@@ -211,12 +241,12 @@ class CaiLib:
         check(driver.cuCtxSetCurrent(token), "cuCtxSetCurrent")
 
     @staticmethod
-    def empty(m: int, n: int, like: Any) -> Any:
+    def empty(shape: tuple[int, ...], like: Any) -> Any:
         raise TypeError(f"a is a {type(like).__module__}.{type(like).__name__}: without out=, matmul returns a new "
                         "array only for PyTorch tensors and CuPy arrays; pass out=")
 
     @staticmethod
-    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
+    def library_gemm(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any = None) -> Any:
         try:
             import cupy
 
@@ -229,19 +259,8 @@ class CaiLib:
                                    "PyTorch; neither is installed") from None
             wrap = lambda x: torch.as_tensor(x, device="cuda")  # noqa: E731
         lib = CupyLib if wrap.__module__.startswith("cupy") else TorchLib
-        lib.library_gemm(wrap(a), wrap(b), wrap(out), alpha, beta)
+        lib.library_gemm(wrap(a), wrap(b), wrap(out), alpha, beta, None if bias is None else wrap(bias))
         return out
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NULL = _Null()
 
 
 def library_of(x: Any) -> type:
@@ -256,159 +275,71 @@ def library_of(x: Any) -> type:
 # --- the calls --------------------------------------------------------------------------------------
 
 
-def _prepare(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any):
+def _bias_operand(lib: type, bias: Any, n: int) -> Operand:
+    op = lib.operand("bias", bias.reshape(1, -1) if hasattr(bias, "reshape") else bias)
+    if op.batch != 1 or op.rows != 1 or op.transposed or (op.cols > 1 and op.ld < op.cols):
+        raise ValueError(f"bias must be a contiguous vector of n={n} floats, got shape {getattr(bias, 'shape', '?')}")
+    return op
+
+
+def _prepare(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any, bias: Any = None):
     lib = library_of(a)
-    if library_of(b) is not lib or (out is not None and library_of(out) is not lib):
-        names = ", ".join(f"{n}: {type(x).__module__}.{type(x).__name__}" for n, x in (("a", a), ("b", b), ("out", out))
-                          if x is not None)
-        raise TypeError(f"a, b and out must come from the same array library; got {names}")
+    if any(library_of(x) is not lib for x in (b, out, bias) if x is not None):
+        names = ", ".join(f"{n}: {type(x).__module__}.{type(x).__name__}"
+                          for n, x in (("a", a), ("b", b), ("out", out), ("bias", bias)) if x is not None)
+        raise TypeError(f"a, b, out and bias must come from the same array library; got {names}")
     alpha = arrays.check_scalar("alpha", alpha)
     beta = arrays.check_scalar("beta", beta)
     check_precision(precision)
     pa, pb = lib.operand("a", a), lib.operand("b", b)
     po = lib.operand("out", out) if out is not None else None
-    m, n, k = arrays.check_gemm(pa, pb, po, beta)
+    pbias = _bias_operand(lib, bias, pb.cols) if bias is not None else None
+    problem = arrays.check_gemm(pa, pb, po, beta, pbias)
     device = lib.device(a)
-    for name, x in (("b", b), ("out", out)):
+    for name, x in (("b", b), ("out", out), ("bias", bias)):
         if x is not None and lib.device(x) != device:
             raise ValueError(f"{name} is on device {lib.device(x)} but a is on device {device}; "
                              "all operands must be on one GPU")
-    return lib, pa, pb, po, m, n, k, alpha, beta, device
+    return lib, pa, pb, po, pbias, problem, alpha, beta, device
 
 
-def explain(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, precision: str = "fp32",
-            source: str | Source | None = None, strict: bool = False) -> Choice:
+def explain(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
+            precision: str = "fp32", source: str | Source | None = None, strict: bool = False) -> Choice:
     """What matmul(a, b, …) with these arguments runs, and why; computes nothing. `str(choice)`
     is one readable line (family, config, match kind, source, trial id)."""
-    lib, pa, pb, po, m, n, k, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision)
+    lib, pa, pb, po, pbias, p, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision, bias)
     gpu, arch = device_info(device)
-    if 0 in (m, n, k):
+    if 0 in (p.m, p.n, p.k):
         return Choice("library", "an empty dimension (nothing to tune)", source="-", gpu=gpu,
-                      requested=(m, n, k), precision=precision)
-    return DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=m, n=n, k=k, precision=precision, source=source,
-                             strict=strict)
+                      requested=(p.m, p.n, p.k), precision=precision, layout=p.layout, batch=p.batch)
+    return DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=p.m, n=p.n, k=p.k, precision=precision,
+                             source=source, strict=strict, layout=p.layout, batch=p.batch)
 
 
-def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, precision: str = "fp32",
-           source: str | Source | None = None, strict: bool = False) -> Any:
-    """out = alpha * a @ b + beta * out with the best tuned kernel known for this GPU and shape.
-
-    a (M×K), b (K×N), out (M×N): float32, 2-D, row-major, on one CUDA device; PyTorch tensors,
-    CuPy arrays or anything with __cuda_array_interface__ (then out= is required). Returns out,
-    or a new array of a's library when out is None (like torch.matmul / cupy.matmul).
-    precision: "fp32" (FFMA kernels or FP32-accurate tensor-core emulation) or "ffma" (FFMA only).
-    source: a results database URL, the API's http(s):// base URL or a .json pack; default
-    $GEMMTUNE_SOURCE, then the tuner's database. When the source has nothing for this GPU (or
-    only results of other family versions), or cuBLAS was measured faster, the library's own
-    GEMM runs (PyTorch with TF32 off, or CuPy). An unreachable source warns once and falls back;
-    strict=True raises gemmtune.SourceUnavailable instead. See explain() for the choice.
-    """
-    if _compiling(a):
-        from .torch_op import compiled_matmul
-
-        return compiled_matmul(a, b, out, alpha, beta, precision, source, strict)
-    if type(a) is _TORCH.tensor:
-        done = _torch_fast(a, b, out, alpha, beta, precision, source, strict)
-        if done is not _SLOW:
-            return done
-    lib, pa, pb, po, m, n, k, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision)
-    if 0 in (m, n, k):
-        return lib.library_gemm(a, b, out, alpha, beta)
+def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, bias: Any = None,
+           precision: str = "fp32", source: str | Source | None = None, strict: bool = False) -> Any:
+    """out = alpha * a @ b + beta * out (+ bias on every row) with the best tuned kernel known
+    for this GPU and problem (see gemmtune.matmul)."""
+    lib, pa, pb, po, pbias, p, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision, bias)
+    if 0 in (p.m, p.n, p.k):
+        return lib.library_gemm(a, b, out, alpha, beta, bias)
     gpu, arch = device_info(device)
-    choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=m, n=n, k=k, precision=precision,
-                               source=source, strict=strict)
+    choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=p.m, n=p.n, k=p.k, precision=precision,
+                               source=source, strict=strict, layout=p.layout, batch=p.batch)
     if choice.kind == "library":
-        return lib.library_gemm(a, b, out, alpha, beta)
+        return lib.library_gemm(a, b, out, alpha, beta, bias)
     if out is None:
-        out = lib.empty(m, n, a)
-        c_arg: Any = lib.operand("out", out).ptr  # dense: the raw pointer says it all
-    else:
-        c_arg = _arg(po)
-    # kernels.gemm makes the device's context current; the caller's current device stays as it was.
+        out = lib.empty((p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), a)
+        po = lib.operand("out", out)
+    # the kernels launch on the device's context; the caller's current device stays as it was
     token = lib.current()
     try:
-        kernels.gemm(choice.kernel_family, choice.config, _arg(pa), _arg(pb), c_arg, m, n, k, alpha, beta,
-                     stream=lib.stream(device, a), device=device)
+        run_kernel(choice, p, device, pa, pb, po, alpha, beta, bias=0 if pbias is None else pbias.ptr,
+                   stream=lib.stream(device, a), scratch=lib.scratch(a))
     finally:
         if token != device or lib is CaiLib:
             lib.restore(token)
     return out
 
 
-class _TorchRefs:
-    """torch names the fast path needs, filled on the first call with a torch tensor."""
-
-    tensor: type | None = None
-    f32: Any = None
-    raw_stream: Any = None
-    get_device: Any = None
-    set_device: Any = None
-
-
-_TORCH = _TorchRefs()
-_SLOW = object()
-
-
-def _torch_refs() -> None:
-    import torch
-
-    _TORCH.f32 = torch.float32
-    _TORCH.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-        lambda d: torch.cuda.current_stream(d).cuda_stream)
-    _TORCH.get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    _TORCH.set_device = torch.cuda.set_device
-    _TORCH.tensor = torch.Tensor
-
-
-def _torch_fast(a: Any, b: Any, out: Any, alpha: Any, beta: Any, precision: Any, source: Any, strict: bool) -> Any:
-    """The common case on PyTorch with few attribute reads and no intermediate objects: dense
-    float32 CUDA matrices on one device, float alpha/beta, a cached choice. Anything else returns
-    _SLOW and goes the general way (which also words every error)."""
-    f32 = _TORCH.f32
-    if (type(b) is not type(a) or type(alpha) is not float or type(beta) is not float or a.dtype is not f32
-            or b.dtype is not f32 or a.dim() != 2 or b.dim() != 2 or not a.is_cuda or not a.is_contiguous()
-            or not b.is_contiguous() or type(precision) is not str or not (source is None or type(source) is str)):
-        return _SLOW
-    m, k = a.shape
-    k2, n = b.shape
-    device = a.get_device()
-    if k != k2 or not (m and n and k) or b.get_device() != device:
-        return _SLOW
-    pa, pb = a.data_ptr(), b.data_ptr()
-    if out is None:
-        if beta != 0.0:
-            return _SLOW
-    else:
-        if (type(out) is not type(a) or out.dtype is not f32 or out.shape != (m, n) or not out.is_contiguous()
-                or out.get_device() != device):
-            return _SLOW
-        po = out.data_ptr()
-        end = po + 4 * m * n
-        if po < pa + 4 * m * k and pa < end or po < pb + 4 * k * n and pb < end:
-            return _SLOW  # overlapping: the general path says so
-    choice = DISPATCHER.cached((device, m, n, k, precision, source))
-    if choice is None or (strict and choice.unavailable):
-        gpu, arch = device_info(device)
-        choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=m, n=n, k=k, precision=precision,
-                                   source=source, strict=strict)
-    if choice.kind != "kernel":
-        return TorchLib.library_gemm(a, b, out, alpha, beta)
-    if out is None:
-        out = a.new_empty((m, n))
-    current = _TORCH.get_device()
-    kernels.gemm(choice.kernel_family, choice.config, pa, pb, out.data_ptr(), m, n, k, alpha, beta,
-                 stream=_TORCH.raw_stream(device), device=device)
-    if current != device:  # kernels.gemm made the tensor's device current: give the caller theirs back
-        _TORCH.set_device(current)
-    return out
-
-
-def _compiling(a: Any) -> bool:
-    """True while torch.compile traces a call (then the custom op stands in for the whole call).
-    Also fills the fast path's torch names the first time a torch tensor comes by."""
-    torch = sys.modules.get("torch")
-    if torch is None or not type(a).__module__.startswith("torch"):
-        return False
-    if _TORCH.tensor is None and not torch.compiler.is_compiling():
-        _torch_refs()
-    return torch.compiler.is_compiling()
+__all__ = ["Gemm", "explain", "matmul"]

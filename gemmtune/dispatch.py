@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import kernels
+from kernels.layout import problem_label
 
+from .answers import Answer, Source, SourceUnavailable
 from .precision import check_precision
-from .sources import Answer, Source, SourceUnavailable, default_spec, open_source
+from .sources import default_spec, open_source
 
 RETRY_UNAVAILABLE_S = 60.0  # an unreachable source is asked again after this long, not per call
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What `matmul` runs for one (device, shape, precision, source), and why (see `explain`)."""
+    """What `matmul` runs for one (device, problem, precision, source), and why (see `explain`);
+    a problem is the shape, the layout and the batch count."""
 
     kind: Literal["kernel", "library"]
     reason: str
@@ -42,12 +45,15 @@ class Choice:
     trial_id: int | None = None
     notes: tuple[str, ...] = ()
     unavailable: str | None = None  # set when the source could not be read
+    layout: str = "nn"
+    batch: int = 1
     expires: float | None = field(default=None, repr=False, compare=False)  # monotonic time; None: never
     kernel_family: kernels.Family | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
         m, n, k = self.requested
-        head = f"{m}x{n}x{k} fp32 (precision {self.precision}) on {self.gpu} via {self.source}: "
+        head = (f"{problem_label(m, n, k, self.layout, self.batch)} fp32 (precision {self.precision}) on {self.gpu} "
+                f"via {self.source}: ")
         notes = "".join(f"; {note}" for note in self.notes)
         if self.kind == "library":
             return head + f"library GEMM, because {self.reason}" + notes
@@ -58,16 +64,21 @@ class Choice:
 
 
 def decide(answer: Answer, *, gpu: str, requested: tuple[int, int, int], precision: str, source: str,
-           arch: str) -> Choice:
+           arch: str, layout: str = "nn", batch: int = 1, exact_only: bool = False) -> Choice:
     """Turn a source's answer into a choice: the tuned kernel, unless there is none, cuBLAS was
-    measured faster on that shape, or the installed family refuses the config on this arch."""
-    base = dict(source=source, gpu=gpu, requested=requested, precision=precision, notes=answer.notes)
+    measured faster on that problem, the installed family refuses the config on this arch, or
+    (exact_only) it was tuned on another problem only."""
+    base = dict(source=source, gpu=gpu, requested=requested, precision=precision, notes=answer.notes,
+                layout=layout, batch=batch)
     e = answer.entry
     if e is None:
         return Choice("library", answer.why_none or "nothing tuned", **base)
     found = dict(match=e.match, family=e.family, config=dict(e.config), source_hash=e.source_hash,
                  tuned_shape=e.shape, distance=e.distance, gflops=e.gflops, cublas_gflops=e.cublas_gflops,
                  run_id=e.run_id, trial_id=e.trial_id)
+    if exact_only and e.match != "exact":
+        return Choice("library", f"tuned only on other shapes (nearest {problem_label(*e.shape, layout, e.batch)}); "
+                                 "the switch runs kernels tuned on the problem itself", **base, **found)
     if e.cublas_gflops is not None and e.cublas_gflops > e.gflops:
         return Choice("library", f"cuBLAS measured {e.cublas_gflops:.0f} GFLOP/s on {e.shape}, faster than the best "
                                  f"tuned kernel ({e.family}, {e.gflops:.0f} GFLOP/s)", **base, **found)
@@ -86,7 +97,8 @@ def decide(answer: Answer, *, gpu: str, requested: tuple[int, int, int], precisi
 
 
 class Dispatcher:
-    """Choices cached per (device, m, n, k, precision, source): after the first call for a key,
+    """Choices cached per (device, m, n, k, layout, batch, precision, source, exact only): after
+    the first call for a key,
     a lookup is one dict read (no lock, no database). Misses are looked up under one lock so
     concurrent first calls ask the source once."""
 
@@ -120,33 +132,37 @@ class Dispatcher:
         return key, found
 
     def cached(self, key: tuple) -> Choice | None:
-        """The cached choice for (device, m, n, k, precision, source spelling or None) while it is
-        valid; None otherwise (then call choose)."""
+        """The cached choice for (device, m, n, k, layout, batch, precision, source spelling or
+        None, exact only) while it is valid; None otherwise (then call choose)."""
         choice = self._choices.get(key)
         if choice is None or choice.expires is not None:
             return None
         return choice
 
     def choose(self, *, device: int, gpu: str, arch: str, m: int, n: int, k: int, precision: str,
-               source: str | Source | None, strict: bool = False) -> Choice:
-        key = (device, m, n, k, precision, source if source is None or isinstance(source, str) else id(source))
+               source: str | Source | None, strict: bool = False, layout: str = "nn", batch: int = 1,
+               exact_only: bool = False) -> Choice:
+        key = (device, m, n, k, layout, batch, precision,
+               source if source is None or isinstance(source, str) else id(source), exact_only)
         choice = self._choices.get(key)
         if choice is None or (choice.expires is not None and choice.expires < time.monotonic()):
             with self._lock:
                 choice = self._choices.get(key)
                 if choice is None or (choice.expires is not None and choice.expires < time.monotonic()):
-                    choice = self._look_up(gpu, arch, (m, n, k), check_precision(precision), source, strict)
+                    choice = self._look_up(gpu, arch, (m, n, k), check_precision(precision), source, strict,
+                                           layout, batch, exact_only)
                     self._choices[key] = choice
         if choice.unavailable and strict:
             raise SourceUnavailable(choice.unavailable)
         return choice
 
     def _look_up(self, gpu: str, arch: str, requested: tuple[int, int, int], precision: str,
-                 source: str | Source | None, strict: bool) -> Choice:
+                 source: str | Source | None, strict: bool, layout: str = "nn", batch: int = 1,
+                 exact_only: bool = False) -> Choice:
         _, src = self.source(source)
         label = getattr(src, "label", repr(src))
         try:
-            answer = src.lookup(gpu, *requested, precision)
+            answer = src.lookup(gpu, *requested, precision, layout, batch)
         except SourceUnavailable as exc:
             if strict:
                 raise
@@ -155,8 +171,10 @@ class Dispatcher:
                 self._warned.add(msg)
                 warnings.warn(f"gemmtune: {msg}; using the library GEMM instead", RuntimeWarning, stacklevel=5)
             return Choice("library", f"the source is unavailable: {msg}", source=label, gpu=gpu, requested=requested,
-                          precision=precision, unavailable=msg, expires=time.monotonic() + RETRY_UNAVAILABLE_S)
-        return decide(answer, gpu=gpu, requested=requested, precision=precision, source=label, arch=arch)
+                          precision=precision, unavailable=msg, expires=time.monotonic() + RETRY_UNAVAILABLE_S,
+                          layout=layout, batch=batch)
+        return decide(answer, gpu=gpu, requested=requested, precision=precision, source=label, arch=arch,
+                      layout=layout, batch=batch, exact_only=exact_only)
 
 
 DISPATCHER = Dispatcher()

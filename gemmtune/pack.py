@@ -2,13 +2,14 @@
 provenance, for `matmul` on machines with no database (as CLBlast ships its tuning database).
 
     {"format": "gemmtune-pack", "version": 1, "created_at": "…Z", "database": "<url, no password>",
-     "entries": [{"gpu", "m", "n", "k", "precision": "ffma" | "fp32-tc", "family", "source_hash",
+     "entries": [{"gpu", "m", "n", "k", "layout", "batch", "precision": "ffma" | "fp32-tc", "family", "source_hash",
                   "config": {…}, "gflops", "time_median_ms", "cublas_gflops", "fraction_of_cublas",
                   "run_id", "trial_id", "trial_number", "gpu_uuid"}, …],
      "gpus": {"<uuid>": {"name", "uuid", "compute_capability", "sm_count", "memory_bytes", …}}}
 
-One entry per (GPU model, shape, class): the fastest verified trial of the installed version of
-a family of that class. A request for precision "fp32" picks among both classes, "ffma" among
+One entry per (GPU model, problem, class), a problem being the shape, layout and batch count
+("layout" and "batch" may be absent in packs written before them: "nn" and 1): the fastest verified
+trial of the installed version of a family of that class. A request for precision "fp32" picks among both classes, "ffma" among
 "ffma" entries only. Built by `python -m gemmtune export-pack` and GET /api/pack (same code).
 `python -m gemmtune import-pack` stores a pack's entries in a results database (one finished run
 of one trial per entry, with its cuBLAS baseline), so a service or the dashboard can serve
@@ -28,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import db
+from kernels.layout import LAYOUTS
 
+from .answers import Answer, Entry, SourceUnavailable
 from .precision import allowed_families, check_precision, installed_hashes
-from .sources import Answer, Entry, SourceUnavailable
 
 FORMAT = "gemmtune-pack"
 VERSION = 1
@@ -51,7 +53,7 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
     families = allowed_families(check_precision(precision))
     hashes = {name: f.source_hash for name, f in families.items()}  # hashing reads the sources: once
     wanted = None if gpus is None else {g.strip().lower() for g in gpus}
-    best: dict[tuple[str, int, int, int, str], db.BestResult] = {}
+    best: dict[tuple[str, int, int, int, str, int, str], db.BestResult] = {}
     for r in database.best_table():  # fastest first, so the first row per key wins
         fam = families.get(r.family)
         if fam is None or (installed_only and r.source_hash != hashes[r.family]):
@@ -59,10 +61,10 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
         if wanted is not None and r.gpu_name.lower() not in wanted and r.gpu_uuid.lower() not in wanted:
             continue
         p = r.problem
-        if (p.dtype, p.layout, p.general_alpha_beta) != ("fp32", "row-major", True):
+        if (p.dtype, p.general_alpha_beta) != ("fp32", True):
             continue
-        best.setdefault((r.gpu_name, p.m, p.n, p.k, fam.precision), r)
-    entries = [_entry(cls, r) for (_, _, _, _, cls), r in sorted(best.items(), key=lambda kv: kv[0])]
+        best.setdefault((r.gpu_name, p.m, p.n, p.k, p.layout, p.batch, fam.precision), r)
+    entries = [_entry(key[-1], r) for key, r in sorted(best.items(), key=lambda kv: kv[0])]
     boards = {e["gpu_uuid"] for e in entries}
     gpus = {g.uuid: {f.name: getattr(g, f.name) for f in dataclasses.fields(db.GpuInfo)}
             for g in database.list_gpus() if g.uuid in boards}
@@ -84,7 +86,8 @@ def import_pack(pack: dict[str, Any], database: db.Database, *, source: str) -> 
                         "older export-pack): export it again to import it")
     for e in pack["entries"]:
         gpu_id = database.ensure_gpu(db.GpuInfo(**gpus[e["gpu_uuid"]]))
-        problem_id = database.ensure_problem(e["m"], e["n"], e["k"])
+        problem_id = database.ensure_problem(e["m"], e["n"], e["k"], layout=e.get("layout", "nn"),
+                                             batch=e.get("batch", 1))
         run_id = database.start_run(
             gpu_id=gpu_id, problem_id=problem_id,
             family_id=database.ensure_family(e["family"], e["source_hash"]), sampler="pack",
@@ -96,7 +99,7 @@ def import_pack(pack: dict[str, Any], database: db.Database, *, source: str) -> 
         database.finish_run(run_id, "finished")
         cublas = e.get("cublas_gflops")
         if cublas:
-            flop = 2.0 * e["m"] * e["n"] * e["k"]
+            flop = 2.0 * e["m"] * e["n"] * e["k"] * e.get("batch", 1)
             database.add_baseline(gpu_id=gpu_id, problem_id=problem_id, run_id=run_id,
                                   time_median_ms=flop / (cublas * 1e6), gflops=cublas)
     return len(pack["entries"])
@@ -111,7 +114,8 @@ def _label(url: str) -> str:
 def _entry(cls: str, r: db.BestResult) -> dict[str, Any]:
     p = r.problem
     return {
-        "gpu": r.gpu_name, "m": p.m, "n": p.n, "k": p.k, "precision": cls, "family": r.family,
+        "gpu": r.gpu_name, "m": p.m, "n": p.n, "k": p.k, "layout": p.layout, "batch": p.batch,
+        "precision": cls, "family": r.family,
         "source_hash": r.source_hash, "config": dict(r.params), "gflops": r.gflops,
         "time_median_ms": r.time_median_ms, "cublas_gflops": r.baseline_gflops,
         "fraction_of_cublas": r.fraction_of_cublas, "run_id": r.run_id, "trial_id": r.trial_id,
@@ -147,6 +151,9 @@ def read_pack(path: str | Path) -> dict[str, Any]:
             raise PackError(f"pack {path}: entry {i} lacks {', '.join(missing)}")
         if not all(isinstance(e[d], int) and e[d] >= 1 for d in "mnk") or not isinstance(e["config"], dict):
             raise PackError(f"pack {path}: entry {i} needs positive integer m, n, k and a config object")
+        if e.get("layout", "nn") not in LAYOUTS or not (isinstance(e.get("batch", 1), int) and e.get("batch", 1) >= 1):
+            raise PackError(f"pack {path}: entry {i} has layout {e.get('layout')!r} and batch {e.get('batch')!r}; "
+                            f"allowed: a layout among {', '.join(LAYOUTS)} and a positive integer batch")
     return pack
 
 
@@ -187,27 +194,33 @@ class PackSource:
             )
         return kept
 
-    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str) -> Answer:
+    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
+               batch: int = 1) -> Answer:
         families = allowed_families(precision)
         key = gpu.strip().lower()
         mine = [e for e in self.entries() if e["gpu"].lower() == key]
         if not mine:
             return Answer(None, f"GPU model {gpu!r} is not in pack {self.label}")
         # The installed family's declared class decides, not the label in the file.
-        ok = [e for e in mine if e["family"] in families]
+        ok = [e for e in mine if e["family"] in families and e.get("layout", "nn") == layout]
         if not ok:
-            return Answer(None, f"pack {self.label} has no {precision} entries for {gpu}")
-        exact = [e for e in ok if (e["m"], e["n"], e["k"]) == (m, n, k)]
+            return Answer(None, f"pack {self.label} has no {precision} entries for {gpu} in layout {layout}")
+
+        def sizes(e: dict[str, Any]) -> tuple[int, int, int, int]:
+            return e["m"], e["n"], e["k"], e.get("batch", 1)
+
+        wanted = (m, n, k, batch)
+        exact = [e for e in ok if sizes(e) == wanted]
         match, distance = "exact", 0.0
         if not exact:
-            shapes = {(e["m"], e["n"], e["k"]) for e in ok}
-            ranked = sorted(shapes, key=lambda s: (db.log2_distance(s, (m, n, k)), s[0] * s[1] * s[2], s[0], s[1]))
-            match, distance = "nearest", db.log2_distance(ranked[0], (m, n, k))
-            exact = [e for e in ok if (e["m"], e["n"], e["k"]) == ranked[0]]
+            ranked = sorted({sizes(e) for e in ok},
+                            key=lambda s: (db.log2_distance(s, wanted), s[0] * s[1] * s[2] * s[3], s[0], s[1]))
+            match, distance = "nearest", db.log2_distance(ranked[0], wanted)
+            exact = [e for e in ok if sizes(e) == ranked[0]]
         e = max(exact, key=lambda e: (e["gflops"], -(e.get("trial_id") or 0)))
         return Answer(Entry(
             match=match, shape=(e["m"], e["n"], e["k"]), distance=distance, gpu=e["gpu"], family=e["family"],
             source_hash=e["source_hash"], config={str(p): int(v) for p, v in e["config"].items()},
             gflops=float(e["gflops"]), cublas_gflops=e.get("cublas_gflops"), run_id=e.get("run_id"),
-            trial_id=e.get("trial_id"), trial_number=e.get("trial_number"),
+            trial_id=e.get("trial_id"), trial_number=e.get("trial_number"), batch=e.get("batch", 1),
         ))  # fmt: skip

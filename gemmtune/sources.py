@@ -8,8 +8,9 @@ results database, `db.resolve_url`):
 - a path ending in ``.json``: an exported pack (gemmtune/pack.py), no database needed;
 - anything else: a results database URL or SQLite file path, read through `db`.
 
-Every source answers with an `Entry` (or None: nothing tuned for that GPU and precision) and only
-with versions of the families installed here; an unusable source raises `SourceUnavailable`.
+Every source answers with an `Entry` (answers.py; or None: nothing tuned for that GPU, layout and
+precision) and only with versions of the families installed here; an unusable source raises
+`SourceUnavailable`.
 """
 
 from __future__ import annotations
@@ -21,55 +22,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import db
+from kernels.layout import problem_label
 
+from .answers import Answer, Entry, Source, SourceUnavailable
 from .precision import allowed_families, installed_hashes
 
 SOURCE_ENV = "GEMMTUNE_SOURCE"
 TOKEN_ENV = "GEMMTUNE_API_TOKEN"
 TUNE_ENV = "GEMMTUNE_TUNE_ON_MISS"
 HTTP_TIMEOUT_S = 2.0
-
-
-class SourceUnavailable(RuntimeError):
-    """The source cannot be read (database unusable, API unreachable or erring, pack unreadable)."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """The best known config for a request, as a source found it."""
-
-    match: Literal["exact", "nearest"]
-    shape: tuple[int, int, int]  # the shape it was measured on
-    distance: float  # log2 distance from the requested shape (0 for exact)
-    gpu: str
-    family: str
-    source_hash: str
-    config: dict[str, int]
-    gflops: float
-    cublas_gflops: float | None  # cuBLAS on the same GPU and tuned shape, where measured
-    run_id: int | None = None
-    trial_id: int | None = None
-    trial_number: int | None = None
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What a source said: an entry, or none and why (unknown GPU, nothing tuned, stale only)."""
-
-    entry: Entry | None
-    why_none: str = ""
-    notes: tuple[str, ...] = field(default=())  # e.g. "queued tuning job 7"
-
-
-class Source(Protocol):
-    label: str  # how explain() names it (passwords hidden)
-
-    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str) -> Answer: ...
 
 
 def default_spec() -> str:
@@ -131,14 +96,15 @@ class DatabaseSource:
                     raise SourceUnavailable(f"cannot open the results database {self.label}: {exc}") from exc
             return self._db
 
-    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str) -> Answer:
+    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
+               batch: int = 1) -> Answer:
         if self._missing_file:
             return Answer(None, f"the results database {self.label} does not exist (nothing tuned yet)")
         database = self._open()
         hashes = installed_hashes(precision)
         try:
             found = database.best(gpu, m, n, k, families=list(allowed_families(precision)),
-                                  source_hashes=list(hashes))
+                                  source_hashes=list(hashes), layout=layout, batch=batch)
         except db.UnknownGpuError:
             return Answer(None, f"GPU model {gpu!r} was never tuned in {self.label}")
         except db.InvalidInputError:
@@ -146,13 +112,14 @@ class DatabaseSource:
         except Exception as exc:
             raise SourceUnavailable(f"cannot read the results database {self.label}: {exc}") from exc
         if found is None:
-            return Answer(None, f"nothing tuned on {gpu} with the installed {precision} kernels in {self.label}")
+            return Answer(None, f"nothing tuned on {gpu} in layout {layout} with the installed {precision} kernels "
+                                f"in {self.label}")
         p = found.problem
         return Answer(Entry(
             match=found.match, shape=(p.m, p.n, p.k), distance=found.distance, gpu=found.gpu_name,
             family=found.family, source_hash=found.source_hash, config=dict(found.params), gflops=found.gflops,
             cublas_gflops=found.baseline_gflops, run_id=found.run_id, trial_id=found.trial_id,
-            trial_number=found.trial_number,
+            trial_number=found.trial_number, batch=p.batch,
         ))  # fmt: skip
 
 
@@ -198,8 +165,10 @@ class HttpSource:
         except (OSError, ValueError) as exc:  # refused, timed out, DNS, not JSON
             raise SourceUnavailable(f"cannot reach the gemmtune API at {self.label}: {exc}") from exc
 
-    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str) -> Answer:
-        query = urllib.parse.urlencode([("gpu", gpu), ("m", m), ("n", n), ("k", k), ("precision", precision)]
+    def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
+               batch: int = 1) -> Answer:
+        query = urllib.parse.urlencode([("gpu", gpu), ("m", m), ("n", n), ("k", k), ("precision", precision),
+                                        ("layout", layout), ("batch", batch)]
                                        + [("source_hash", h) for h in sorted(installed_hashes(precision))])
         status, out = self._request("GET", f"/api/best?{query}")
         if status == 404:
@@ -208,7 +177,7 @@ class HttpSource:
             raise SourceUnavailable(f"the API at {self.label} answered {status}: {out.get('detail', '')}")
         notes = ()
         if self.tune_on_miss and out.get("match") != "exact":
-            notes = (self._queue(out.get("gpu", gpu), m, n, k, precision),)
+            notes = (self._queue(out.get("gpu", gpu), m, n, k, precision, layout, batch),)
         best = out.get("best")
         if out.get("match") not in ("exact", "nearest") or not best:
             return Answer(None, f"nothing tuned on {gpu} for precision {precision} at {self.label}", notes)
@@ -222,14 +191,14 @@ class HttpSource:
             gpu=out.get("gpu", gpu), family=best["family"], source_hash=best["source_hash"],
             config={str(p): int(v) for p, v in best["config"].items()}, gflops=float(best["gflops"]),
             cublas_gflops=best.get("cublas_gflops"), run_id=best.get("run_id"), trial_id=best.get("trial_id"),
-            trial_number=best.get("trial_number"),
+            trial_number=best.get("trial_number"), batch=int(out.get("shape_batch") or 1),
         ), notes=notes)  # fmt: skip
 
-    def _queue(self, gpu: str, m: int, n: int, k: int, precision: str) -> str:
-        """Queue a tuning job for this shape (families of the precision); never raises."""
+    def _queue(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn", batch: int = 1) -> str:
+        """Queue a tuning job for this problem (families of the precision); never raises."""
         if not self.token:
             return f"tune-on-miss is on but no write token ({TOKEN_ENV}); no job queued"
-        body: dict = {"gpu": gpu, "m": m, "n": n, "k": k}
+        body: dict = {"gpu": gpu, "m": m, "n": n, "k": k, "layout": layout, "batch": batch}
         if precision != "fp32":
             body["families"] = sorted(allowed_families(precision))
         try:
@@ -237,7 +206,8 @@ class HttpSource:
         except SourceUnavailable as exc:
             return f"could not queue a tuning job: {exc}"
         if status in (200, 201):
-            return f"tuning job {out.get('id')} {'queued' if status == 201 else 'already open'} for {m}x{n}x{k}"
+            what = problem_label(m, n, k, layout, batch)
+            return f"tuning job {out.get('id')} {'queued' if status == 201 else 'already open'} for {what}"
         msg = f"could not queue a tuning job: the API answered {status}: {out.get('detail', '')}"
         warnings.warn(f"gemmtune: {msg}", RuntimeWarning, stacklevel=2)
         return msg

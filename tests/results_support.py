@@ -23,12 +23,14 @@ CONFIGS: dict[str, dict[str, int]] = {
     "smem": dict(TILE=16),
     "blocktile2d": dict(BM=64, BN=64, BK=8, TM=4, TN=4, RASTER=1),
     "tf32x3": dict(BM=128, BN=64, BK=32, WM=64, WN=32, KGROUP=4, STAGES=2, SPLITK=1, RASTER=1),
+    "wgmma": dict(BM=128, BK=64, WGS=2, MW=1, STAGES=2, FLUSH=4, SPLITK=1, RASTER=8, ASPLIT=0),
 }
 
 
 @dataclass(frozen=True)
 class Row:
-    """One ok trial: family (current source unless source_hash is given), shape, GFLOP/s."""
+    """One ok trial: family (current source unless source_hash is given), shape, GFLOP/s; the
+    problem's layout and batch count; the family's config of CONFIGS unless one is given."""
 
     family: str
     shape: tuple[int, int, int]
@@ -36,6 +38,13 @@ class Row:
     source_hash: str | None = None
     gpu: str = H100
     uuid: str = H100_UUID
+    layout: str = "nn"
+    batch: int = 1
+    config: tuple[tuple[str, int], ...] | None = None
+
+    @property
+    def params(self) -> dict[str, int]:
+        return dict(self.config) if self.config is not None else CONFIGS[self.family]
 
 
 def fill(url: str, rows: list[Row], baselines: dict[tuple[int, int, int], float] | None = None) -> dict[Row, int]:
@@ -45,16 +54,16 @@ def fill(url: str, rows: list[Row], baselines: dict[tuple[int, int, int], float]
     with db.open_database(url) as d:
         for row in rows:
             gpu_id = d.ensure_gpu(db.GpuInfo(row.gpu, row.uuid, "9.0", 132, 80 << 30, 1980, "580", "13.0", "13.0"))
-            problem_id = d.ensure_problem(*row.shape)
+            problem_id = d.ensure_problem(*row.shape, layout=row.layout, batch=row.batch)
             fam = kernels.FAMILIES[row.family]
             family_id = d.ensure_family(row.family, row.source_hash or fam.source_hash)
             run_id = d.start_run(gpu_id=gpu_id, problem_id=problem_id, family_id=family_id, sampler="tpe", seed=0,
                                  budget={}, host="test", command="results_support.fill", study_name=None)
             m, n, k = row.shape
-            ms = 2 * m * n * k / (row.gflops * 1e6)
+            ms = 2 * m * n * k * row.batch / (row.gflops * 1e6)
             ids[row] = d.add_trial(run_id, db.TrialRecord(
-                number=0, params=CONFIGS[row.family], state="ok", time_median_ms=ms, gflops=row.gflops))
-            d.add_trial(run_id, db.TrialRecord(number=1, params=CONFIGS[row.family], state="wrong_result",
+                number=0, params=row.params, state="ok", time_median_ms=ms, gflops=row.gflops))
+            d.add_trial(run_id, db.TrialRecord(number=1, params=row.params, state="wrong_result",
                                                error="planted", gflops=10 * row.gflops, time_median_ms=ms / 10))
             d.finish_run(run_id, "finished")
         for shape, gflops in (baselines or {}).items():

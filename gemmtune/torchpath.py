@@ -1,0 +1,163 @@
+"""The lean PyTorch path shared by `gemmtune.matmul` on tensors and the switch (switch.py):
+operands described from their sizes and strides, one cached choice and plan per problem, a
+launch on the current stream. Anything it does not take returns None and goes the general way
+(call.py, which words every error) or, in the switch, to torch's own kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernels.runtime import plan as make_plan
+
+from .arrays import Gemm, Operand, _layout_of, check_gemm
+from .call import device_info
+from .dispatch import DISPATCHER, Choice
+
+MAX_DIM = 1 << 31  # int32 kernel arguments
+
+
+class _Torch:
+    """torch names the path needs, filled on first use (torch is imported only by callers that
+    pass tensors)."""
+
+    ready = False
+    tensor: type = object
+    f32: Any = None
+    raw_stream: Any = None
+    get_device: Any = None
+    set_device: Any = None
+    empty: Any = None
+    uint8: Any = None
+
+
+T = _Torch()
+
+
+def _init() -> None:
+    import torch
+
+    T.tensor, T.f32, T.uint8, T.empty = torch.Tensor, torch.float32, torch.uint8, torch.empty
+    T.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda d: torch.cuda.current_stream(d).cuda_stream)
+    T.get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    T.set_device = torch.cuda.set_device
+    T.ready = True
+
+
+def describe(t: Any) -> Operand | None:
+    """A float32 CUDA matrix (2-D) or batch of matrices (3-D) with a unit stride along its rows
+    or columns, as an Operand; None for anything else."""
+    if not isinstance(t, T.tensor) or t.dtype is not T.f32 or not t.is_cuda:
+        return None
+    shape, stride = t.shape, t.stride()
+    dims = len(shape)
+    if dims == 2:
+        rows, cols = shape
+        batch, bstride = 1, 0
+    elif dims == 3:
+        batch, rows, cols = shape
+        bstride = stride[0] if batch > 1 else 0
+        if bstride < 0:
+            return None
+    else:
+        return None
+    if max(rows, cols) >= MAX_DIM:
+        return None
+    found = _layout_of("", rows, cols, 4 * stride[-2], 4 * stride[-1])
+    if found is None:
+        return None
+    return Operand(t.data_ptr(), rows, cols, found[1], found[0], batch, bstride)
+
+
+def _choice(device: int, p: Gemm, precision: str, source: Any, exact_only: bool) -> tuple[Choice, Any]:
+    """The choice for this problem, and its plan where it runs a kernel (cached with it)."""
+    key = (device, p.m, p.n, p.k, p.layout, p.batch, precision, source, exact_only)
+    found = _PLANNED.get(key)
+    if found is not None and found[0].expires is None:
+        return found
+    gpu, arch = device_info(device)
+    choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=p.m, n=p.n, k=p.k, precision=precision,
+                               source=source, layout=p.layout, batch=p.batch, exact_only=exact_only)
+    made = None
+    if choice.kind == "kernel":
+        made = make_plan(choice.kernel_family, choice.config, p.m, p.n, p.k, layout=p.layout, batch=p.batch,
+                         device=device)
+    found = _PLANNED[key] = (choice, made)
+    return found
+
+
+_PLANNED: dict[tuple, tuple[Choice, Any]] = {}
+
+
+def forget() -> None:
+    _PLANNED.clear()
+
+
+def _problem(a: Any, b: Any, out: Any, beta: float, bias: Any) -> tuple[Gemm, Operand, Operand, Operand | None,
+                                                                      Operand | None] | None:
+    """The problem and operands of a call this path takes, else None."""
+    if not T.ready:
+        _init()
+    pa, pb = describe(a), describe(b)
+    if pa is None or pb is None or a.device != b.device:
+        return None
+    po = pbias = None
+    if out is not None:
+        po = describe(out)
+        if po is None or po.transposed or out.device != a.device:
+            return None
+    if bias is not None:
+        if not isinstance(bias, T.tensor) or bias.dtype is not T.f32 or bias.dim() != 1 or bias.device != a.device \
+                or bias.stride(0) != 1:
+            return None
+        pbias = Operand(bias.data_ptr(), 1, bias.shape[0], bias.shape[0])
+    try:
+        p = check_gemm(pa, pb, po, beta, pbias)
+    except ValueError:
+        return None
+    if 0 in (p.m, p.n, p.k):
+        return None
+    return p, pa, pb, po, pbias
+
+
+def result_shape(a: Any, b: Any) -> tuple[int, ...]:
+    """The shape of a @ b for 2-D / 3-D tensors (a 2-D one broadcast over the other's batch)."""
+    batch = max(a.shape[0] if a.dim() == 3 else 1, b.shape[0] if b.dim() == 3 else 1)
+    return (a.shape[-2], b.shape[-1]) if max(a.dim(), b.dim()) == 2 else (batch, a.shape[-2], b.shape[-1])
+
+
+def would_run(a: Any, b: Any, precision: str, source: Any, exact_only: bool = True) -> bool:
+    """Whether `tuned` would run a tuned kernel for a @ b (a new, row-major output)."""
+    found = _problem(a, b, None, 0.0, None)
+    return found is not None and _choice(a.device.index, found[0], precision, source, exact_only)[1] is not None
+
+
+def tuned(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, precision: str, source: Any,
+          exact_only: bool) -> Any:
+    """out (or a new tensor) = alpha·a@b + beta·out (+ bias) with a tuned kernel; None where this
+    path does not run it (not tensors it takes, no tuned kernel that beats the library's): the
+    caller then does what it does otherwise. Tensors on one device; out, where given, row-major."""
+    found = _problem(a, b, out, beta, bias)
+    if found is None:
+        return None
+    p, pa, pb, po, pbias = found
+    device = a.device.index
+    choice, made = _choice(device, p, precision, source, exact_only)
+    if made is None:
+        return None
+    if out is None:
+        out = T.empty((p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), dtype=T.f32, device=a.device)
+        po = Operand(out.data_ptr(), p.m, p.n, p.n, False, p.batch, p.m * p.n)
+    workspace = keep = None
+    if made.workspace_bytes:
+        keep = T.empty(made.workspace_bytes, dtype=T.uint8, device=a.device)  # stream-ordered, graph-capturable
+        workspace = keep.data_ptr()
+    current = T.get_device()
+    strides = (pa.stride, pb.stride, po.stride) if p.batch > 1 else (0, 0, 0)
+    made.run(  # on the tensors' device: the plan makes its context current
+        pa.ptr, pa.ld, pb.ptr, pb.ld, po.ptr, po.ld, alpha, beta, bias=0 if pbias is None else pbias.ptr,
+        strides=strides, workspace=workspace or 0, stream=T.raw_stream(device))
+    if current != device:  # give the caller their current device back
+        T.set_device(current)
+    del keep
+    return out
