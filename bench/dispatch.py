@@ -1,12 +1,16 @@
-"""Host overhead of gemmtune.matmul over a raw kernels.gemm launch of the same config (GPU host).
+"""Host overhead of gemmtune.matmul and of the PyTorch switch over a raw kernels.gemm launch of the
+same config, beside torch's own (GPU host).
 
     python bench/dispatch.py [--device 0] [--calls 2000] [--source URL|pack.json] [--out bench/results/dispatch-<gpu>.json]
 
 - 256³, warm, host time per call (median of --calls, ≥ 1000): raw `kernels.gemm` with raw device
   pointers (the leanest launch there is), `gemmtune.matmul(a, b, out=c)`, `gemmtune.matmul(a, b)`
-  (allocates its result), and `torch.matmul(a, b, out=c)` (TF32 off) for reference. The queue is
-  drained every 256 calls, outside the timed calls, so launches never block on a full queue.
-  Target: matmul(out=) − raw ≤ 5 µs.
+  (allocates its result), `torch.matmul(a, b, out=c)` and `torch.mm(a, b)` (TF32 off) for
+  reference, and the same two torch calls with the switch on (`gemmtune.enabled()`: they run the
+  tuned kernel), plus `torch.mm` with the switch on for a shape with nothing tuned (torch's own
+  kernel behind the switch). The queue is drained every 256 calls, outside the timed calls, so
+  launches never block on a full queue. Targets: matmul(out=) − raw ≤ 5 µs; with the switch on, a
+  256³ call costs no more host time than torch's own call.
 - 4096³ end to end: GPU time per call from CUDA events around 20 back-to-back calls (median of 5
   rounds) for the same three. Target: matmul within 2% of the raw kernel.
 
@@ -20,6 +24,7 @@ config matmul picked). Prints a table and writes JSON. Figures and their reading
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -63,6 +68,16 @@ def gpu_ms(fn, torch, reps: int = 20, rounds: int = 5) -> float:
         end.synchronize()
         per_call.append(start.elapsed_time(end) / reps)
     return statistics.median(per_call)
+
+
+@contextlib.contextmanager
+def switched(fn, source):
+    """The call, with the switch on around it where the row is ("switch", call)."""
+    if isinstance(fn, tuple):
+        with gemmtune.enabled(source=source):
+            yield fn[1]
+    else:
+        yield fn
 
 
 def main() -> None:
@@ -113,24 +128,37 @@ def main() -> None:
         def raw():
             kernels.gemm(family, config, pa, pb, pc, size, size, size, 1.0, 0.0, stream=stream, device=dev)
 
+        untuned = torch.rand(size - 1, size, device=f"cuda:{dev}") - 0.5  # a shape nothing was tuned on
         calls = {
             "raw kernels.gemm": raw,
             "gemmtune.matmul(out=c)": lambda: gemmtune.matmul(a, b, c, source=source),
             "gemmtune.matmul (allocates)": lambda: gemmtune.matmul(a, b, source=source),
             "torch.matmul(out=c)": lambda: torch.matmul(a, b, out=c),
+            "torch.mm(a, b)": lambda: torch.mm(a, b),
+            "switch on: torch.matmul(out=c)": ("switch", lambda: torch.matmul(a, b, out=c)),
+            "switch on: torch.mm(a, b)": ("switch", lambda: torch.mm(a, b)),
+            "switch on: torch.mm, untuned shape": ("switch", lambda: torch.mm(untuned, b)),
+            "torch.mm, untuned shape": lambda: torch.mm(untuned, b),
         }
-        for fn in calls.values():  # warm: compile, load, cache the lookup
-            for _ in range(10):
-                fn()
+        for name, fn in calls.items():  # warm: compile, load, cache the lookup
+            with switched(fn, source) as call:
+                for _ in range(10):
+                    call()
         sync()
         for name, fn in calls.items():
             entry = rows.setdefault(name, {})
-            if size == 256:
-                t = host_times(fn, args.calls, sync)
+            with switched(fn, source) as call:
+                routed_before = gemmtune.counts().routed
+                if size == 256:
+                    t = host_times(call, args.calls, sync)
+                else:
+                    t = None
+                    entry["gpu_ms_4096"] = round(gpu_ms(call, torch), 4)
+                if isinstance(fn, tuple):
+                    entry[f"routed_{size}"] = gemmtune.counts().routed > routed_before
+            if t is not None:
                 entry["host_us_256"] = round(statistics.median(t) * 1e6, 2)
                 entry["host_us_256_p90"] = round(sorted(t)[int(0.9 * len(t))] * 1e6, 2)
-            else:
-                entry["gpu_ms_4096"] = round(gpu_ms(fn, torch), 4)
         rows.setdefault("_config", {})[f"{size}"] = {"family": family.name, "config": config}
         print(f"{size}³: {choice}")
     raw = rows["raw kernels.gemm"]
@@ -140,11 +168,14 @@ def main() -> None:
     for name, r in rows.items():
         if not name.startswith("_"):
             print(f"{name:<30} {r['host_us_256']:>28.2f} {r['host_us_256_p90']:>8.2f} {r['gpu_ms_4096']:>20.4f}")
+    switch_vs_torch = rows["switch on: torch.matmul(out=c)"]["host_us_256"] - rows["torch.matmul(out=c)"]["host_us_256"]
     print(f"\nmatmul host overhead over the raw launch at 256³: {overhead:.2f} µs (target ≤ 5)")
     print(f"matmul end to end at 4096³ vs the raw kernel: {100 * e2e:+.2f}% (target within 2%)")
+    print(f"switch on, torch.matmul(out=c) at 256³ against torch's own: {switch_vs_torch:+.2f} µs (target ≤ 0)")
     result = {
         "gpu": gpu, "arch": arch, "device": dev, "calls": args.calls, "source": "generated" if args.source is None
         else args.source, "rows": rows, "overhead_us_256": round(overhead, 2), "end_to_end_4096": round(e2e, 4),
+        "switch_minus_torch_us_256": round(switch_vs_torch, 2),
         "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
     out = args.out or ROOT / "bench" / "results" / f"dispatch-{gpu.split()[1].lower() if ' ' in gpu else 'gpu'}.json"
