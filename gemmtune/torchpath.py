@@ -5,6 +5,7 @@ launch on the current stream. Anything it does not take returns None and goes th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kernels.runtime import plan as make_plan
@@ -91,6 +92,7 @@ _PLANNED: dict[tuple, tuple[Choice, Any]] = {}
 
 def forget() -> None:
     _PLANNED.clear()
+    _READY.clear()
 
 
 def _problem(a: Any, b: Any, out: Any, beta: float, bias: Any) -> tuple[Gemm, Operand, Operand, Operand | None,
@@ -132,31 +134,106 @@ def would_run(a: Any, b: Any, precision: str, source: Any, exact_only: bool = Tr
     return found is not None and _choice(a.device.index, found[0], precision, source, exact_only)[1] is not None
 
 
-def tuned(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, precision: str, source: Any,
-          exact_only: bool) -> Any:
-    """out (or a new tensor) = alpha·a@b + beta·out (+ bias) with a tuned kernel; None where this
-    path does not run it (not tensors it takes, no tuned kernel that beats the library's): the
-    caller then does what it does otherwise. Tensors on one device; out, where given, row-major."""
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """What a call with these operand geometries runs: everything but the addresses."""
+
+    plan: Any
+    out_shape: tuple[int, ...]
+    lds: tuple[int, int, int]  # A, B, C
+    strides: tuple[int, int, int]
+    spans: tuple[int, int, int]  # bytes A, B and C touch from their first element
+    device: int
+
+
+_NOT_TAKEN = object()
+
+
+def _span(op: Operand) -> int:
+    lo, hi = op.span()
+    return hi - lo
+
+
+def _geometry_key(a: Any, b: Any, out: Any, bias: Any, beta: float, precision: str, source: Any,
+                  exact_only: bool) -> tuple:
+    return (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            beta == 0.0, precision, source, exact_only)
+
+
+def _prepare(a: Any, b: Any, out: Any, beta: float, bias: Any, precision: str, source: Any,
+             exact_only: bool) -> Any:
+    """A _Ready for this call's geometry, or _NOT_TAKEN (both cached by the caller), or None
+    (not to be cached: the source could not be read, and is asked again after a while)."""
     found = _problem(a, b, out, beta, bias)
     if found is None:
-        return None
+        return _NOT_TAKEN
     p, pa, pb, po, pbias = found
     device = a.device.index
     choice, made = _choice(device, p, precision, source, exact_only)
     if made is None:
+        return _NOT_TAKEN if choice.expires is None else None  # an unreachable source is asked again later
+    if po is None:
+        po = Operand(0, p.m, p.n, p.n, False, p.batch, p.m * p.n)
+    strides = (pa.stride, pb.stride, po.stride) if p.batch > 1 else (0, 0, 0)
+    return _Ready(made, (p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), (pa.ld, pb.ld, po.ld), strides,
+                  (_span(pa), _span(pb), _span(po)), device)
+
+
+_READY: dict[tuple, Any] = {}
+READY_MAX = 4096  # geometries remembered before the cache starts over
+
+
+def tuned(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, precision: str, source: Any,
+          exact_only: bool) -> Any:
+    """out (or a new tensor) = alpha·a@b + beta·out (+ bias) with a tuned kernel; None where this
+    path does not run it (not tensors it takes, no tuned kernel that beats the library's): the
+    caller then does what it does otherwise. Tensors on one device; out, where given, row-major.
+
+    What a call runs is worked out once per operand geometry (sizes, strides, dtypes, devices)
+    and kept: a repeated call costs a dict lookup, the addresses, an output and a launch."""
+    if not T.ready:
+        _init()
+    if not (isinstance(a, T.tensor) and isinstance(b, T.tensor)):
         return None
+    try:
+        key = _geometry_key(a, b, out, bias, beta, precision, source, exact_only)
+    except AttributeError:  # out or bias not a tensor: the general path says what is wrong
+        return None
+    ready = _READY.get(key)
+    if ready is None:
+        ready = _prepare(a, b, out, beta, bias, precision, source, exact_only)
+        if ready is None:
+            return None
+        if len(_READY) >= READY_MAX:
+            _READY.clear()
+        _READY[key] = ready
+    if ready is _NOT_TAKEN:
+        return None
+    pa, pb = a.data_ptr(), b.data_ptr()
     if out is None:
-        out = T.empty((p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), dtype=T.f32, device=a.device)
-        po = Operand(out.data_ptr(), p.m, p.n, p.n, False, p.batch, p.m * p.n)
-    workspace = keep = None
+        out = T.empty(ready.out_shape, dtype=T.f32, device=a.device)
+        pc = out.data_ptr()
+    else:
+        pc = out.data_ptr()
+        end = pc + ready.spans[2]
+        if pc < pa + ready.spans[0] and pa < end or pc < pb + ready.spans[1] and pb < end:
+            return None  # out overlaps an input: not ours to write
+        if bias is not None and pc < bias.data_ptr() + 4 * bias.shape[0] and bias.data_ptr() < end:
+            return None
+    made = ready.plan
+    keep = None
+    workspace = 0
     if made.workspace_bytes:
         keep = T.empty(made.workspace_bytes, dtype=T.uint8, device=a.device)  # stream-ordered, graph-capturable
         workspace = keep.data_ptr()
+    device = ready.device
     current = T.get_device()
-    strides = (pa.stride, pb.stride, po.stride) if p.batch > 1 else (0, 0, 0)
+    lda, ldb, ldc = ready.lds
     made.run(  # on the tensors' device: the plan makes its context current
-        pa.ptr, pa.ld, pb.ptr, pb.ld, po.ptr, po.ld, alpha, beta, bias=0 if pbias is None else pbias.ptr,
-        strides=strides, workspace=workspace or 0, stream=T.raw_stream(device))
+        pa, lda, pb, ldb, pc, ldc, alpha, beta, bias=0 if bias is None else bias.data_ptr(),
+        strides=ready.strides, workspace=workspace, stream=T.raw_stream(device))
     if current != device:  # give the caller their current device back
         T.set_device(current)
     del keep

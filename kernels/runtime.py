@@ -267,6 +267,7 @@ class Plan:
         m, n, k = dims
         self._args = [t() for t in _PARAM_TYPES]
         self._args[0].value, self._args[1].value, self._args[2].value = m, n, k
+        self._fixed: tuple | None = None
         most = max(len(launch.tensor_maps) for launch in self.launches)
         self._params = (ctypes.c_void_p * (len(_PARAM_TYPES) + most))(
             *[ctypes.addressof(x) for x in self._args], *([None] * most))
@@ -285,9 +286,14 @@ class Plan:
         if self._context is not None:
             lib.cuCtxSetCurrent(self._context)
         with self._lock:
-            for i, v in ((3, alpha), (4, a), (5, lda), (6, b), (7, ldb), (8, beta), (9, c), (10, ldc),
-                         (11, workspace), (12, bias), (13, strides[0]), (14, strides[1]), (15, strides[2])):
-                args[i].value = v
+            args[3].value, args[4].value, args[6].value = alpha, a, b
+            args[8].value, args[9].value, args[11].value = beta, c, workspace
+            fixed = (lda, ldb, ldc, bias, strides)
+            if fixed != self._fixed:  # a call's operand geometry mostly repeats: set it when it changes
+                self._fixed = fixed
+                for i, v in ((5, lda), (7, ldb), (10, ldc), (12, bias), (13, strides[0]), (14, strides[1]),
+                             (15, strides[2])):
+                    args[i].value = v
             for fn, gx, gy, gz, bx, by, bz, shared, splits, raster, maps in self._calls:
                 args[16].value, args[17].value = splits, raster
                 held = []  # the encoded maps stay referenced until the launch has copied them

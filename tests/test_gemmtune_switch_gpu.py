@@ -79,13 +79,17 @@ def operand(torch, shape, letter, placement, batch):
 def test_matmul_takes_transposed_views_slices_and_batches(tmp_path, torch, family, layout, placement):
     shapes = [(1, 1, 1), (7, 13, 1), (131, 67, 97)]
     problems = [(m, n, k, layout, batch) for m, n, k in shapes for batch in (1, 3)]
-    source = tuned_source(tmp_path, torch, family, problems)
+    # a vector is row-major and column-major at once: tuned in every layout, so whichever is read
+    source = tuned_source(tmp_path, torch, family, [(m, n, k, other, batch) for m, n, k, _, batch in problems
+                                                    for other in ("nn", "nt", "tn", "tt")])
     for m, n, k, _, batch in problems:
         a = operand(torch, (m, k), layout[0], placement, batch)
         b = operand(torch, (k, n), layout[1], placement, batch)
         bias = torch.rand(n, device="cuda") - 0.5
         choice = gemmtune.explain(a, b, bias=bias, source=source)
-        assert choice.kind == "kernel" and (choice.layout, choice.batch) == (layout, batch), choice
+        assert choice.kind == "kernel" and choice.batch == batch, choice
+        if min(m, n, k) > 1:
+            assert choice.layout == layout, choice
         got = gemmtune.matmul(a, b, bias=bias, alpha=0.5, source=source)
         want = 0.5 * (f64(a) @ f64(b)) + f64(bias)
         assert relative_error(got.cpu().numpy(), want.cpu().numpy()) < tolerance(k), (m, n, k, batch, choice)
@@ -145,10 +149,17 @@ def test_switch_runs_forward_and_backward_of_torch_modules_on_tuned_kernels(tmp_
     y64, z64 = net64(x64), attention(torch, xa64, w64)
     (y64.square().mean() + z64.square().mean()).backward()
     ref_grads = [p.grad for p in net64.parameters()] + [xa64.grad, w64.grad]
-    for got, theirs, want in [(y, y0, y64), (z, z0, z64), *zip(grads, torch_grads, ref_grads)]:
+    names = ["y", "z", *(f"grad {n}" for n, _ in net.named_parameters()), "grad xa", "grad w"]
+    report = []
+    for name, (got, theirs, want) in zip(names, [(y, y0, y64), (z, z0, z64), *zip(grads, torch_grads, ref_grads)]):
         err = relative_error(got.detach().cpu().numpy(), want.detach().cpu().numpy())
         torch_err = relative_error(theirs.cpu().numpy(), want.detach().cpu().numpy())
-        assert err < max(2 * torch_err, tolerance(512)), (err, torch_err)
+        report.append(f"{name}: {err:.3g} (torch FP32 {torch_err:.3g})")
+    print("\n".join(report))
+    for line, (got, theirs, want) in zip(report, [(y, y0, y64), (z, z0, z64), *zip(grads, torch_grads, ref_grads)]):
+        err = relative_error(got.detach().cpu().numpy(), want.detach().cpu().numpy())
+        torch_err = relative_error(theirs.cpu().numpy(), want.detach().cpu().numpy())
+        assert err < max(2 * torch_err, tolerance(512)), "\n".join(report)
 
 
 def test_disable_restores_torch_exactly_and_bad_input_goes_to_torch(tmp_path, torch, family):

@@ -27,8 +27,9 @@ __device__ __forceinline__ void copy_tile(float* S, const float* G, int ld, int 
     const int tid = threadIdx.x;
     if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
+        for (int it = 0; it < DIV_UP(ROWS * COLS / 4, NT); ++it) {
             const int idx = tid + it * NT;
+            if (ROWS * COLS / 4 % NT != 0 && idx >= ROWS * COLS / 4) break;  // fewer chunks than threads
             const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
             *reinterpret_cast<float4*>(S + r * LD_S + c) = *reinterpret_cast<const float4*>(G + (size_t)r * ld + c);
         }
@@ -46,8 +47,9 @@ __device__ __forceinline__ void transpose_tile(float* S, const float* G, int ld,
     const int tid = threadIdx.x;
     if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
+        for (int it = 0; it < DIV_UP(ROWS * COLS / 4, NT); ++it) {
             const int idx = tid + it * NT;
+            if (ROWS * COLS / 4 % NT != 0 && idx >= ROWS * COLS / 4) break;  // fewer chunks than threads
             const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
             const float4 v = *reinterpret_cast<const float4*>(G + (size_t)r * ld + c);
             S[(c + 0) * LD_S + r] = v.x;
@@ -94,8 +96,9 @@ __device__ __forceinline__ void copy_tile_async(float* S, const float* G, int ld
     const int tid = threadIdx.x;
     if (vec && rows_left >= ROWS && cols_left >= COLS) {
 #pragma unroll
-        for (int it = 0; it < ROWS * COLS / 4 / NT; ++it) {
+        for (int it = 0; it < DIV_UP(ROWS * COLS / 4, NT); ++it) {
             const int idx = tid + it * NT;
+            if (ROWS * COLS / 4 % NT != 0 && idx >= ROWS * COLS / 4) break;  // fewer chunks than threads
             const int r = idx / (COLS / 4), c = (idx % (COLS / 4)) * 4;
             cp_async16(S + r * LD_S + c, G + (size_t)r * ld + c);
         }
