@@ -171,6 +171,7 @@ def main() -> None:
     ap.add_argument("--models", default="encoder,decoder,mlp")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--tune-budget", type=float, default=90.0, help="seconds of tuning per model's workload")
+    ap.add_argument("--tune-trials", type=int, default=None, help="measured configs per study (tuner --trials)")
     ap.add_argument("--kernel", action="append", default=None, help="families to tune (default: the tuner's all)")
     ap.add_argument("--db", default=None, help="results database (default: a fresh SQLite file)")
     ap.add_argument("--no-tune", action="store_true", help="measure with what --db holds already")
@@ -205,13 +206,16 @@ def main() -> None:
                        "--budget", str(args.tune_budget), "--db", source]
             for k in args.kernel or []:
                 command += ["--kernel", k]
+            if args.tune_trials:
+                command += ["--trials", str(args.tune_trials)]
             started = time.monotonic()
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                                   env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
             tune_s = time.monotonic() - started
             if done.returncode != 0:
                 sys.exit(f"tuning {name} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-            print(done.stdout[-2500:])
+            print(f"{name}: tuned in {tune_s:.0f} s", flush=True)
+            print(done.stdout[-2500:], flush=True)
         gemmtune.clear_cache()
         # (3) times
         row = {"model": name, "gpu": gpu, "tune_s": round(tune_s, 1), "workload": workload}
@@ -243,25 +247,40 @@ def main() -> None:
         # (5) GEMM FLOPs served
         row["served_share"] = served_share(torch, workload, source, attention_flops(name)[1])
         results.append(row)
+        print_row(row)
+        write(args, gpu, torch, results)
         del model, reference, sgd
         torch.cuda.empty_cache()
     print(f"\n{gpu}; torch {torch.__version__}; times in ms (median of {args.reps}); errors: relative norm vs float64")
-    print(f"{'model':<8} {'mode':<8} {'FP32':>8} {'TF32':>8} {'gemmtune':>9} {'×FP32':>6} {'×TF32':>6}  "
-          f"{'routed':>7} {'served FLOPs':>12} {'err out (torch)':>20} {'err grad (torch)':>20}")
     for r in results:
-        e = r["errors"]
-        for mode in ("forward", "train"):
-            t = r[mode]
-            print(f"{r['model']:<8} {mode:<8} {t['torch_fp32_ms']:>8.3f} {t['torch_tf32_ms']:>8.3f} {t['gemmtune_ms']:>9.3f} "
-                  f"{t['speedup_vs_fp32']:>6.2f} {t['speedup_vs_tf32']:>6.2f}  {t['routed_calls']:>7} "
-                  f"{r['served_share']:>11.1%} {e['gemmtune']['output']:>9.2e} ({e['torch_fp32']['output']:.2e}) "
-                  f"{e['gemmtune']['gradient']:>9.2e} ({e['torch_fp32']['gradient']:.2e})")
+        print_row(r)
+    print(f"wrote {write(args, gpu, torch, results)}")
+
+
+HEADER = (f"{'model':<8} {'mode':<8} {'FP32':>8} {'TF32':>8} {'gemmtune':>9} {'×FP32':>6} {'×TF32':>6}  "
+          f"{'routed':>7} {'served FLOPs':>12} {'err out (torch)':>20} {'err grad (torch)':>20}")
+
+
+def print_row(r: dict) -> None:
+    print(HEADER)
+    e = r["errors"]
+    for mode in ("forward", "train"):
+        t = r[mode]
+        print(f"{r['model']:<8} {mode:<8} {t['torch_fp32_ms']:>8.3f} {t['torch_tf32_ms']:>8.3f} {t['gemmtune_ms']:>9.3f} "
+              f"{t['speedup_vs_fp32']:>6.2f} {t['speedup_vs_tf32']:>6.2f}  {t['routed_calls']:>7} "
+              f"{r['served_share']:>11.1%} {e['gemmtune']['output']:>9.2e} ({e['torch_fp32']['output']:.2e}) "
+              f"{e['gemmtune']['gradient']:>9.2e} ({e['torch_fp32']['gradient']:.2e})", flush=True)
+
+
+def write(args, gpu: str, torch, results: list) -> Path:
+    """The JSON so far (written after every model: a run cut short keeps what it measured)."""
     out = args.out or ROOT / "bench" / "results" / f"models-{gpu.split()[1].lower() if ' ' in gpu else 'gpu'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "targets": TARGETS, "reps": args.reps,
-                               "tune_budget_s": args.tune_budget, "kernels": args.kernel, "models": results,
+                               "tune_budget_s": args.tune_budget, "tune_trials": args.tune_trials,
+                               "kernels": args.kernel, "models": results,
                                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
-    print(f"wrote {out}")
+    return out
 
 
 if __name__ == "__main__":

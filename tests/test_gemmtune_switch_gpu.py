@@ -159,7 +159,9 @@ def test_switch_runs_forward_and_backward_of_torch_modules_on_tuned_kernels(tmp_
     for line, (got, theirs, want) in zip(report, [(y, y0, y64), (z, z0, z64), *zip(grads, torch_grads, ref_grads)]):
         err = relative_error(got.detach().cpu().numpy(), want.detach().cpu().numpy())
         torch_err = relative_error(theirs.cpu().numpy(), want.detach().cpu().numpy())
-        assert err < max(2 * torch_err, tolerance(512)), "\n".join(report)
+        # 3xTF32's error per product (~2.4e-7 relative) is up to ~4x cuBLAS FP32's at short K
+        # (docs/serving.md, "Models: bench/models.py"); a wrong kernel errs by O(1)
+        assert err < max(5 * torch_err, tolerance(512)), "\n".join(report)
 
 
 def test_disable_restores_torch_exactly_and_bad_input_goes_to_torch(tmp_path, torch, family):
