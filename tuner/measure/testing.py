@@ -222,7 +222,8 @@ _PLANTED_SOURCE = r"""
 #endif
 extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, int lda,
                              const float* B, int ldb, float beta, float* C, int ldc,
-                             float* workspace, int splits, int raster) {
+                             float* workspace, const float* bias, long long stride_a, long long stride_b,
+                             long long stride_c, int splits, int raster) {
 #if MODE == 1
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         volatile float* nowhere = (volatile float*)(0x10);
@@ -244,7 +245,8 @@ extern "C" __global__ void k(int M, int N, int K, float alpha, const float* A, i
 }
 extern "C" __global__ void nothing(int M, int N, int K, float alpha, const float* A, int lda,
                                    const float* B, int ldb, float beta, float* C, int ldc,
-                                   float* workspace, int splits, int raster) {}
+                                   float* workspace, const float* bias, long long stride_a,
+                                   long long stride_b, long long stride_c, int splits, int raster) {}
 """
 
 PLANTED_OK, PLANTED_ILLEGAL_ADDRESS, PLANTED_INFINITE_LOOP, PLANTED_COMPILE_ERROR = 0, 1, 2, 3
@@ -272,7 +274,7 @@ class PlantedFamily(kernels.Family):
     def threads(self, c: Any) -> int:
         return self.threads_per_block
 
-    def launches(self, c: Any, m: int, n: int, k: int) -> list:
+    def launches(self, c: Any, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> list:
         self.validate(c)
         blocks = -(-(m * n) // self.threads_per_block)
         return [kernels.Launch(self.kernel_name, (blocks, 1, 1), (self.threads_per_block, 1, 1), 0)]
