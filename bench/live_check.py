@@ -131,7 +131,7 @@ def score(run: RunResult, reference: float, checkpoints: list[int]) -> None:
 def recorded_shapes() -> dict[str, list[str]]:
     """shape → the committed recordings that hold it."""
     shapes: dict[str, list[str]] = {}
-    for path in sorted(RECORDINGS.glob("*.json*")):
+    for path in sorted(RECORDINGS.glob("*.json.gz")):
         for problem in load(path).problems:
             shapes.setdefault(problem.problem.shape, []).append(path.name)
     return shapes

@@ -21,7 +21,7 @@ from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, F
                             _seen,
                             SearchSpace, make_sampler)
 
-RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz"
 # warptile narrowed to the recorded grid: 602 accepted configs in 34 geometry groups at 2048³
 WARPTILE = ReplayEvaluator.open(RECORDING).family(kernels.get_family("warptile"))
 SHAPE = (2048, 2048, 2048)
