@@ -10,8 +10,12 @@
     # a table grown by new pairs: their random runs, and Kernel Tuner's rows by reference
     python bench/search_efficiency.py --merge table.json new-default.json new-random-kt.json \
         --merge-samplers default random --kernel-tuner-from new-random-kt.json
-    # only the recordings in the tree now (one removed or renamed leaves the table):
+    # only the recordings in the tree now (one removed leaves the table; an old name resolves):
     python bench/search_efficiency.py --merge table.json --merge-recordings tuner/recordings/*.json.gz
+    # today's table, re-read from the kept outputs (docs/search.md, "Today's table"):
+    python bench/search_efficiency.py --merge bench/results/search_efficiency-table.json.gz \
+        --kernel-tuner-from bench/results/search_efficiency-table.json.gz \
+        --merge-recordings tuner/recordings/*.json.gz
     # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
@@ -1067,9 +1071,9 @@ def arguments() -> argparse.ArgumentParser:
                              "every run)")
     parser.add_argument("--merge-recordings", nargs="+", default=None, metavar="FILE",
                         help="with --merge: only the runs and Kernel Tuner rows of these "
-                             "recordings (matched by file name), e.g. tuner/recordings/*.json.gz "
-                             "so a recording since removed or renamed leaves the table "
-                             "(default: every run)")
+                             "recordings (matched by file name; a bundled recording's old name "
+                             "stands for its current one), e.g. tuner/recordings/*.json.gz so a "
+                             "recording since removed leaves the table (default: every run)")
     return parser
 
 

@@ -372,8 +372,7 @@ def _h100_examples(recordings: Sequence[Any]) -> list[Any]:
 def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
     """An ask marks the configs already asked for through the trials (a handful), not by a key
     per accepted config (tens of thousands: ~0.1 s of the tuner's main thread per ask with the
-    GPU waiting, bench/NOTES.md session 15); what it proposes is unchanged (bench/ask_cost.py
-    keeps the digest)."""
+    GPU waiting); it still never proposes a config twice."""
     from tuner.search import learned as learned_module
 
     study, distributions = _vectorized_model_study()

@@ -349,3 +349,24 @@ def test_a_recording_named_by_an_old_name_is_searched_under_its_current_one():
     jobs, caps, _ = bench.plan([old], ["default"], args, learn_from=[new])
     assert list(caps) == [("h100-tf32x3-256x256x16384.json.gz", "tf32x3", "256x256x16384")]
     assert [j.recording for j in jobs] == [new] and jobs[0].others == (new,)
+
+
+def test_the_kept_table_gives_the_verdict_the_docs_cite(tmp_path, capsys):
+    """bench/results/search_efficiency-table.json.gz holds the default's and random's runs and
+    the best Kernel Tuner row per pair: re-read with the command of docs/search.md ("Today's
+    table"), it names every bundled recording and gives 269 of 272, all leave-one-out pairs
+    met (a recording bundled without its rows in the table fails here: --merge-recordings)."""
+    from pathlib import Path
+
+    from tuner.measure.recording import BUNDLED_RECORDINGS
+
+    bench = search_efficiency()
+    table = Path(__file__).resolve().parents[1] / "bench/results/search_efficiency-table.json.gz"
+    out = tmp_path / "table.json"
+    assert bench.main(["--merge", str(table), "--kernel-tuner-from", str(table),
+                       "--merge-recordings", *map(str, BUNDLED_RECORDINGS.glob("*.json.gz")),
+                       "--out", str(out)]) == 0
+    assert "default: 269 of 272 pairs meet every target checked" in capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert len(document["kernel_tuner_best"]) == 272
+    assert all(c["all_met"] for c in document["target"] if c["fit"] == "leave-one-out")
