@@ -46,7 +46,7 @@ being listed) learns from measurements of other problems: here every measured co
 recorded problem of the same GPU model except the one searched — all of its families are held
 out (leave-one-out, ``training_for``). Each row says whether its sampler was fitted on the
 recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's rows
-(``prior``, the default until session 15) on the recordings its constants were chosen on
+(``prior``) on the recordings its constants were chosen on
 (``DESIGN_RECORDINGS``), and for the model's there too (one of its features is the prior's
 estimate), ``leave-one-out`` for the model's elsewhere, ``-`` where nothing was fitted (random,
 Optuna's own).
@@ -107,7 +107,7 @@ from tuner.search.choices import LEARNING, SAMPLERS, missing_packages  # noqa: E
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 COSTLESS = ("rejected", "missing")
-# The prior set-up (the tuner's default until session 15) as a service runs it: warm-started
+# The prior set-up as a service runs it: warm-started
 # from what the database knows. Here that is the recorded optimum of the same family on every
 # OTHER recorded problem (real measurements, leave-one-out: never the problem being searched),
 # in a fresh database per run.
@@ -125,7 +125,7 @@ UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, DEFAULT_WARM,
 # rows the target check holds against random
 CHECKED = ("default", "model", "prior", "hybrid", WARM, DEFAULT_WARM)
 # The recordings the prior set-up's constants (tuner.search.prior, GROUP_TRIES, …) were
-# chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
+# chosen on: its rows there are in-sample (docs/search.md, "How the search is measured").
 DESIGN_RECORDINGS = ("h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz",
                      "h100-warptile+vectorized-1023x1025x999.json.gz")
 KT = "kt:"  # prefix of the Kernel Tuner rows' sampler names

@@ -205,9 +205,9 @@ def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tm
 
 def test_with_examples_of_other_families_only_the_model_sampler_starts_from_the_prior(
         tmp_path):
-    """What other families teach the model transfers worse than the static prior (bench/NOTES.md,
-    session 11): with no other shape of the searched family among its examples, the model
-    sampler measures the prior's start-up first, as the default does."""
+    """What other families teach the model transfers worse than the static prior (docs/search.md,
+    "Why the default sampler is what it is"): with no other shape of the searched family among
+    its examples, the model sampler measures the prior's start-up first, as the default does."""
     naive, smem = kernels.FAMILIES["naive"], kernels.FAMILIES["smem"]
     problems = [Problem(256, 256, 1024), Problem(512, 512, 512)]
     recording = record_with_evaluator(StandInEvaluator(), [naive, smem], problems,
@@ -654,7 +654,8 @@ def test_a_searched_problems_own_measurements_never_reach_its_transfer_columns(r
 
 def test_a_fit_that_ignores_the_transfer_columns_is_the_fit_without_them(recordings):
     """``Bases.plain``: the same rows with the nearest-shape columns left out of the fit
-    predict exactly what rows without those columns do (the shipped fit of session 28)."""
+    predict exactly what rows without those columns do (the fit without transfer columns,
+    docs/search.md, "The fit")."""
     examples = [e for e in _h100_examples(recordings) if e.family == "tf32x3"]
     with_transfer = CostModel(0)
     with_transfer.add_examples(examples)

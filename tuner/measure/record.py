@@ -140,9 +140,10 @@ def left_to_measure(recording: Recording, family: str, problem: Problem,
 # ------------------------------------------------------------------ re-timing the fastest
 
 # A recording times each config once. Where a family's timings are noisy (tf32x3 on an H100
-# throttles: one timing spreads by ~4 %, bench/NOTES.md, session 42), the fastest single timing
-# of a shape is partly luck, and it sets the search benchmark's target. ``--retime-fastest K``
-# times each shape's K fastest configs ``--retime-rounds`` more times and keeps the median.
+# throttles: one timing spreads by ~4 %, bench/recording_noise.py; docs/search.md, "The bundled
+# recordings"), the fastest single timing of a shape is partly luck, and it sets the search
+# benchmark's target. ``--retime-fastest K`` times each shape's K fastest configs
+# ``--retime-rounds`` more times and keeps the median.
 RETIME_ROUNDS = 4
 
 
