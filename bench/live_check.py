@@ -78,7 +78,8 @@ RECORDINGS = BUNDLED_RECORDINGS
 # Two shapes no recording holds: one mid-size and uneven in all three, one wide and short.
 DEFAULT_SHAPES = ("1792x2304x1536", "640x5120x2048")
 # The speed suite's winners on an H100 (results/speed-h100.json: wgmma, skinny; before wgmma,
-# tf32x3, pipelined and splitk; bench/NOTES.md). wgmma runs only on sm_90: skipped elsewhere.
+# tf32x3, pipelined and splitk; docs/search.md, "The live check"). wgmma runs only on sm_90:
+# skipped elsewhere.
 DEFAULT_FAMILIES = ("tf32x3", "pipelined", "splitk", "skinny", "wgmma")
 WITHIN = 0.03  # "measurements to within 3 % of the long run's best"
 # Beside a study's own timeout: opening its database, the cuBLAS baseline, its start-up (the
@@ -131,7 +132,7 @@ def score(run: RunResult, reference: float, checkpoints: list[int]) -> None:
 def recorded_shapes() -> dict[str, list[str]]:
     """shape → the committed recordings that hold it."""
     shapes: dict[str, list[str]] = {}
-    for path in sorted(RECORDINGS.glob("*.json*")):
+    for path in sorted(RECORDINGS.glob("*.json.gz")):
         for problem in load(path).problems:
             shapes.setdefault(problem.problem.shape, []).append(path.name)
     return shapes

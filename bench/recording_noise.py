@@ -1,6 +1,6 @@
 """Is a recording's optimum a real optimum or a lucky timing? Re-time its best configs (GPU).
 
-    python bench/recording_noise.py --pair tuner/recordings/h100-tf32x3-s43.json.gz:1536x4096x2560
+    python bench/recording_noise.py --pair tuner/recordings/h100-tf32x3-1536x4096x2560+2304x2304x4608.json.gz:1536x4096x2560
         [--pair FILE:MxNxK ...] [--top 12] [--rounds 5] [--gpu 0] [--workers N] [--out FILE]
 
 ``bench/search_efficiency.py`` counts measurements until a search comes within 3 % of a pair's

@@ -10,15 +10,19 @@
     # a table grown by new pairs: their random runs, and Kernel Tuner's rows by reference
     python bench/search_efficiency.py --merge table.json new-default.json new-random-kt.json \
         --merge-samplers default random --kernel-tuner-from new-random-kt.json
-    # only the recordings in the tree now (one removed or renamed leaves the table):
+    # only the recordings in the tree now (one removed leaves the table; an old name resolves):
     python bench/search_efficiency.py --merge table.json --merge-recordings tuner/recordings/*.json.gz
+    # today's table, re-read from the kept outputs (docs/search.md, "Today's table"):
+    python bench/search_efficiency.py --merge bench/results/search_efficiency-table.json.gz \
+        --kernel-tuner-from bench/results/search_efficiency-table.json.gz \
+        --merge-recordings tuner/recordings/*.json.gz
     # Kernel Tuner's strategies as reference rows (simulation mode on the same recordings):
     python bench/search_efficiency.py --samplers default random --kernel-tuner all
     python bench/search_efficiency.py --kernel-tuner none      # without them
     # warm start across GPU models (issue 17 part 2), e.g. the H200 warm-started from the H100:
     python bench/search_efficiency.py --samplers prior --cross-model --kernel-tuner none \
-        --recording tuner/recordings/h200-splitk.json.gz \
-        --recording tuner/recordings/h100-splitk.json.gz
+        --recording tuner/recordings/h200-splitk-256x256x16384+512x384x8192.json.gz \
+        --recording tuner/recordings/h100-splitk-256x256x16384+512x384x8192.json.gz
 
 For every (family, shape) of every recording in tuner/recordings/ that holds the full
 accepted space of its grid (so the recorded optimum is the optimum of the space searched), each
@@ -42,7 +46,7 @@ being listed) learns from measurements of other problems: here every measured co
 recorded problem of the same GPU model except the one searched — all of its families are held
 out (leave-one-out, ``training_for``). Each row says whether its sampler was fitted on the
 recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's rows
-(``prior``, the default until session 15) on the recordings its constants were chosen on
+(``prior``) on the recordings its constants were chosen on
 (``DESIGN_RECORDINGS``), and for the model's there too (one of its features is the prior's
 estimate), ``leave-one-out`` for the model's elsewhere, ``-`` where nothing was fitted (random,
 Optuna's own).
@@ -93,8 +97,8 @@ from typing import Any, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.measure.recording import (BUNDLED_RECORDINGS, Recording, load,  # noqa: E402
-                                      read_json, write_json)
+from tuner.measure.recording import (BUNDLED_RECORDINGS, Recording, canonical_name,  # noqa: E402
+                                      load, read_json, resolve, write_json)
 from tuner.problem import Problem  # noqa: E402
 from tuner.report import format_table  # noqa: E402
 # LEARNING: they learn from the other recordings (leave-one-out); ``default`` is the model on
@@ -103,7 +107,7 @@ from tuner.search.choices import LEARNING, SAMPLERS, missing_packages  # noqa: E
 
 THRESHOLDS = (0.01, 0.03, 0.05)
 COSTLESS = ("rejected", "missing")
-# The prior set-up (the tuner's default until session 15) as a service runs it: warm-started
+# The prior set-up as a service runs it: warm-started
 # from what the database knows. Here that is the recorded optimum of the same family on every
 # OTHER recorded problem (real measurements, leave-one-out: never the problem being searched),
 # in a fresh database per run.
@@ -121,9 +125,9 @@ UNCAPPED = ("default", "model", "prior", "hybrid", "random", WARM, DEFAULT_WARM,
 # rows the target check holds against random
 CHECKED = ("default", "model", "prior", "hybrid", WARM, DEFAULT_WARM)
 # The recordings the prior set-up's constants (tuner.search.prior, GROUP_TRIES, …) were
-# chosen on: its rows there are in-sample (bench/NOTES.md, "Search set-up").
-DESIGN_RECORDINGS = ("h100-warptile-vectorized.json.gz",
-                     "h100-warptile-vectorized-1023x1025x999.json.gz")
+# chosen on: its rows there are in-sample (docs/search.md, "How the search is measured").
+DESIGN_RECORDINGS = ("h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz",
+                     "h100-warptile+vectorized-1023x1025x999.json.gz")
 KT = "kt:"  # prefix of the Kernel Tuner rows' sampler names
 # Kernel Tuner strategies run by default (its classic single-objective ones); --kernel-tuner
 # all adds the rest Kernel Tuner 1.5 offers: brute_force (a fixed walk), minimize, greedy_mls,
@@ -246,7 +250,7 @@ def run_one(job: Job) -> dict[str, Any]:
     if len(curve) != replay.evaluations:
         raise AssertionError(f"{job}: counted {len(curve)} evaluations but the evaluator "
                              f"measured {replay.evaluations} configs")
-    return {"recording": Path(job.recording).name, "family": job.family,
+    return {"recording": canonical_name(job.recording), "family": job.family,
             "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
             "batch": job.batch,
             "evaluations": len(curve), "max_evals": job.max_evals, "asked": len(trials), "seconds": seconds,
@@ -286,9 +290,10 @@ def fit_kind(sampler: str, recording: str, warm_from: list[str] | None = None) -
     if sampler in ("default", "model", DEFAULT_WARM, "hybrid"):
         # fitted leave-one-out, but one of the model's features is the static prior's estimate
         # (costmodel's prior_rate), whose constants were chosen on DESIGN_RECORDINGS
-        return "in-sample" if recording in DESIGN_RECORDINGS else "leave-one-out"
+        return "in-sample" if canonical_name(recording) in DESIGN_RECORDINGS else "leave-one-out"
     if sampler in ("prior", WARM):
-        return "in-sample" if recording in DESIGN_RECORDINGS else "not fitted on it"
+        return ("in-sample" if canonical_name(recording) in DESIGN_RECORDINGS
+                else "not fitted on it")
     return "-"
 
 
@@ -542,7 +547,7 @@ def run_kernel_tuner(job: Job) -> dict[str, Any]:
     for _, ms in search.measured:
         best = min(best, ms)
         curve.append(search.best_ms / best if math.isfinite(best) else 0.0)
-    return {"recording": Path(job.recording).name, "family": job.family,
+    return {"recording": canonical_name(job.recording), "family": job.family,
             "shape": job.problem.shape, "sampler": job.sampler, "seed": job.seed,
             "evaluations": len(curve), "max_evals": job.max_evals, "asked": search.served,
             "seconds": search.seconds, "cut": search.cut,
@@ -691,15 +696,27 @@ def write_output(path: Path, document: dict[str, Any]) -> None:
 
 def earlier_kernel_tuner(paths: list[str]) -> list[dict[str, Any]]:
     """The ``kernel_tuner_best`` rows of earlier outputs of this script, each marked with the
-    file it came from."""
+    file it came from (a row that an earlier merge took from another output keeps that one's
+    name), under the recordings' current names (``canonical_name``)."""
     rows = []
     for path in paths:
         document = read_output(path)
         if "kernel_tuner_best" not in document:
             raise ValueError(f"{path}: not an output of this script (no kernel_tuner_best)")
-        rows += [{**row, "median": _unreached(row["median"]), "p90": _unreached(row["p90"]),
-                  "from": Path(path).name} for row in document["kernel_tuner_best"]]
+        rows += [{**row, "recording": canonical_name(row["recording"]),
+                  "median": _unreached(row["median"]), "p90": _unreached(row["p90"]),
+                  "from": row.get("from", Path(path).name)}
+                 for row in document["kernel_tuner_best"]]
     return rows
+
+
+def current_names(document: dict[str, Any]) -> dict[str, Any]:
+    """An earlier output with its runs' recordings under their current names: outputs written
+    before a bundled recording was renamed name it as it was (``canonical_name``)."""
+    return {**document,
+            "runs": [{**r, "recording": canonical_name(r["recording"])} for r in document["runs"]],
+            **{key: [canonical_name(name) for name in document[key]]
+               for key in ("recordings", "learned_from") if key in document}}
 
 
 def cross_model_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -816,7 +833,7 @@ def merge(paths: list[str], out: Path, earlier_kt: list[dict[str, Any]] | None =
     rows join the check through ``earlier_kt`` instead); with ``recordings``, only the runs
     and Kernel Tuner rows of those recordings (by file name), so one removed from the tree
     leaves the table."""
-    documents = [read_output(p) for p in paths]
+    documents = [current_names(read_output(p)) for p in paths]
     if recordings is not None:
         documents, earlier_kt = _of_recordings(documents, earlier_kt, recordings)
     if keep:
@@ -859,7 +876,7 @@ def _of_recordings(documents: list[dict[str, Any]], earlier_kt: list[dict[str, A
                                                    list[dict[str, Any]] | None]:
     """Outputs and Kernel Tuner rows cut to the runs of these recordings' file names; what is
     dropped is said on stderr (a recording named in no output is an error: a typo)."""
-    names = {Path(r).name for r in recordings}
+    names = {canonical_name(r) for r in recordings}
     held = {r["recording"] for d in documents for r in d["runs"]}
     absent = sorted(names - held)
     if absent:
@@ -905,7 +922,7 @@ def _run_or_fail(job: Job) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - Kernel Tuner's own failure, reported
         return {"sampler": job.sampler, "failed": f"{type(error).__name__}: {error}"[:300],
                 "where": f"{job.family} {job.problem.shape} seed {job.seed}",
-                "pair": [Path(job.recording).name, job.family, job.problem.shape]}
+                "pair": [canonical_name(job.recording), job.family, job.problem.shape]}
 
 
 def _kernel_tuner_choice(requested: list[str] | None) -> tuple[list[str], dict[str, str]]:
@@ -940,6 +957,9 @@ def plan(paths: list[str], samplers: list[str], args: argparse.Namespace,
     other model's measurements of the same problem reach a plain row), ``learn_from`` ones
     included (recordings that are learned from and warm-started from, never searched); an
     XMODEL row's other_models are the other models' recordings that hold its family."""
+    # an old name of a bundled recording stands for its current one
+    paths = [str(resolve(path)) for path in paths]
+    learn_from = [str(resolve(path)) for path in learn_from]
     recordings = {path: load(path) for path in paths}
     # a file named twice (e.g. a relative --recording inside an absolute glob) loads once:
     # twice in the others would count its measurements twice in every fit
@@ -1051,9 +1071,9 @@ def arguments() -> argparse.ArgumentParser:
                              "every run)")
     parser.add_argument("--merge-recordings", nargs="+", default=None, metavar="FILE",
                         help="with --merge: only the runs and Kernel Tuner rows of these "
-                             "recordings (matched by file name), e.g. tuner/recordings/*.json.gz "
-                             "so a recording since removed or renamed leaves the table "
-                             "(default: every run)")
+                             "recordings (matched by file name; a bundled recording's old name "
+                             "stands for its current one), e.g. tuner/recordings/*.json.gz so a "
+                             "recording since removed leaves the table (default: every run)")
     return parser
 
 
@@ -1119,8 +1139,8 @@ def main(argv: list[str] | None = None) -> int:
     report(results, {"seeds": args.seeds, "batch": args.batch, "prior_compiles": args.prior_compiles,
                      "samplers": samplers, "skipped_samplers": skipped,
                      "failed_samplers": failed,
-                      "skipped_pairs": unusable, "recordings": [Path(p).name for p in paths],
-                      "learned_from": [Path(p).name for p in args.learn_from],
+                      "skipped_pairs": unusable, "recordings": [canonical_name(p) for p in paths],
+                      "learned_from": [canonical_name(p) for p in args.learn_from],
                       "seconds": time.monotonic() - started},
            Path(args.out), earlier_kt)
     return 0

@@ -35,14 +35,17 @@ pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDINGS = sorted(BUNDLED_RECORDINGS.glob("*.json.gz"))
-# The recordings bundled in session 13, for tests that learn from "some recorded data": whether
-# a premise holds (e.g. that the model's unspread top 17 crowd a geometry group) depends on the
-# data, and fitting on every bundled file makes each new one move the premise (session 38's
-# did) and the test's time grow (sessions 38-39: the slowest of these took 36 s on all files).
+# A fixed set of ten recordings for tests that learn from "some recorded data": whether a premise
+# holds (e.g. that the model's unspread top 17 crowd a geometry group) depends on the data, and
+# fitting on every bundled file would let each new one move the premise and grow the test's
+# time (the slowest of these took 36 s on every file).
 PINNED_RECORDINGS = [BUNDLED_RECORDINGS / f"{name}.json.gz" for name in (
-    "h100-pipelined", "h100-skinny", "h100-splitk", "h100-tf32x3-kheavy", "h100-tf32x3",
-    "h100-warptile-vectorized-1023x1025x999", "h100-warptile-vectorized", "h200-skinny",
-    "h200-splitk", "h200-tf32x3-kheavy")]
+    "h100-pipelined-3000x3000x3000", "h100-skinny-16x4096x4096+7x11008x4096",
+    "h100-splitk-256x256x16384+512x384x8192", "h100-tf32x3-256x256x16384",
+    "h100-tf32x3-3000x3000x3000", "h100-warptile+vectorized-1023x1025x999",
+    "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024",
+    "h200-skinny-16x4096x4096+7x11008x4096", "h200-splitk-256x256x16384+512x384x8192",
+    "h200-tf32x3-256x256x16384")]
 H100 = Target(132, "sm_90")
 
 
@@ -102,10 +105,10 @@ def test_the_fit_is_deterministic_with_a_fixed_seed(pinned):
     assert np.ptp(a) > 0  # it ranks, it does not predict one constant
 
 
-def test_the_model_ranks_a_recorded_problem_it_was_fitted_on(recordings):
+def test_the_model_ranks_a_recorded_problem_it_was_fitted_on():
     """In-sample sanity check (not a measure of search quality): the configs predicted best
     on a problem it has seen include a near-optimal one."""
-    recording = recordings[0]
+    recording = load(BUNDLED_RECORDINGS / "h100-blocktile1d-2048x2048x2048.json.gz")
     family_name, problem = recording.pairs()[0]
     model = CostModel(seed=0)
     model.add_examples(examples_from_recordings([recording]))
@@ -202,9 +205,9 @@ def test_model_sampler_searches_a_replayed_study_and_learns_from_the_database(tm
 
 def test_with_examples_of_other_families_only_the_model_sampler_starts_from_the_prior(
         tmp_path):
-    """What other families teach the model transfers worse than the static prior (bench/NOTES.md,
-    session 11): with no other shape of the searched family among its examples, the model
-    sampler measures the prior's start-up first, as the default does."""
+    """What other families teach the model transfers worse than the static prior (docs/search.md,
+    "Why the default sampler is what it is"): with no other shape of the searched family among
+    its examples, the model sampler measures the prior's start-up first, as the default does."""
     naive, smem = kernels.FAMILIES["naive"], kernels.FAMILIES["smem"]
     problems = [Problem(256, 256, 1024), Problem(512, 512, 512)]
     recording = record_with_evaluator(StandInEvaluator(), [naive, smem], problems,
@@ -369,8 +372,7 @@ def _h100_examples(recordings: Sequence[Any]) -> list[Any]:
 def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch):
     """An ask marks the configs already asked for through the trials (a handful), not by a key
     per accepted config (tens of thousands: ~0.1 s of the tuner's main thread per ask with the
-    GPU waiting, bench/NOTES.md session 15); what it proposes is unchanged (bench/ask_cost.py
-    keeps the digest)."""
+    GPU waiting); it still never proposes a config twice."""
     from tuner.search import learned as learned_module
 
     study, distributions = _vectorized_model_study()
@@ -652,7 +654,8 @@ def test_a_searched_problems_own_measurements_never_reach_its_transfer_columns(r
 
 def test_a_fit_that_ignores_the_transfer_columns_is_the_fit_without_them(recordings):
     """``Bases.plain``: the same rows with the nearest-shape columns left out of the fit
-    predict exactly what rows without those columns do (the shipped fit of session 28)."""
+    predict exactly what rows without those columns do (the fit without transfer columns,
+    docs/search.md, "The fit")."""
     examples = [e for e in _h100_examples(recordings) if e.family == "tf32x3"]
     with_transfer = CostModel(0)
     with_transfer.add_examples(examples)
@@ -704,7 +707,7 @@ def test_the_first_window_reaches_a_decomposition_both_fits_rank_low():
 
 
 def test_decompositions_group_configs_by_block_tile_and_split():
-    recording = load(BUNDLED_RECORDINGS / "h100-splitk-s30.json.gz")
+    recording = load(BUNDLED_RECORDINGS / "h100-splitk-288x576x13312+704x448x7168.json.gz")
     family, problem = next(iter(recording.pairs()))
     configs = [dict(c) for c, _ in recording.results(family, problem)]
     x = matrix(kernels.get_family(family), configs, problem, Target(132, "sm_90"))

@@ -26,7 +26,7 @@ from tuner.run.options import EXIT_INTERRUPTED, EXIT_OK
 from tuner.measure.recording import BUNDLED_RECORDINGS
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz"
 H100 = "NVIDIA H100 80GB HBM3"  # the recording's GPU
 TOKEN = "worker-test-token"
 

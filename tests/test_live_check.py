@@ -91,7 +91,7 @@ def test_a_recorded_shape_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         live_check.main(["--shape", "3000x3000x3000", "--family", "naive"])
     assert exit_.value.code == 2
-    assert "h100-pipelined.json.gz" in capsys.readouterr().err
+    assert "h100-pipelined-3000x3000x3000.json.gz" in capsys.readouterr().err
 
 
 def test_the_default_shapes_are_in_no_recording():

@@ -288,3 +288,85 @@ def test_merge_recordings_keeps_only_the_named_recordings_runs(tmp_path, capsys)
             bench.main([*argv, "--out", str(tmp_path / "never.json")])
         assert message in f"{stopped.value.code} {capsys.readouterr().err}"
         assert not (tmp_path / "never.json").exists()
+
+
+def _runs(recording: str, family: str, shape: str, medians: dict[str, int]) -> list[dict]:
+    """Two seeds of a row per sampler, as this script writes them, reaching 3 % at the given
+    counts."""
+    return [{"recording": recording, "family": family, "shape": shape, "sampler": sampler,
+             "seed": seed, "batch": 1, "evaluations": count, "max_evals": 400, "asked": count,
+             "seconds": 0.1, "reached": {"1%": count, "3%": count, "5%": count}}
+            for sampler, count in medians.items() for seed in (0, 1)]
+
+
+def test_outputs_that_name_a_bundled_recording_by_an_old_name_merge_under_its_current_one(
+        tmp_path, capsys):
+    """Outputs written before the bundled recordings were renamed key their runs and Kernel
+    Tuner rows by the old file names: --merge, --merge-recordings (old or new names) and
+    --kernel-tuner-from resolve them through the manifest, so they join the rows of the file
+    under its current name; a best Kernel Tuner row an earlier merge took from another output
+    keeps that output's name."""
+    from tuner.measure.recording import canonical_name
+
+    bench = search_efficiency()
+    old, shape = "h100-splitk.json.gz", "256x256x16384"
+    new = canonical_name(old)
+    assert new == "h100-splitk-256x256x16384+512x384x8192.json.gz"
+    earlier = tmp_path / "earlier.json"
+    bench.write_output(earlier, {
+        "seeds": 2, "samplers": ["default", "random"], "recordings": [old], "seconds": 1.0,
+        "runs": _runs(old, "splitk", shape, {"default": 3, "random": 60}),
+        "kernel_tuner_best": [{"recording": old, "family": "splitk", "shape": shape,
+                               "strategy": "kt:mls", "median": 10, "p90": 12, "runs": 20,
+                               "max_evals": 474, "from": "search_efficiency-kt.json.gz"}]})
+    for named in (old, new):
+        merged = tmp_path / "merged.json"
+        assert bench.main(["--merge", str(earlier), "--kernel-tuner-from", str(earlier),
+                           "--merge-recordings", f"tuner/recordings/{named}",
+                           "--out", str(merged)]) == 0
+        document = json.loads(merged.read_text())
+        assert {r["recording"] for r in document["runs"]} == {new}
+        assert document["recordings"] == [new]
+        [check] = document["target"]
+        assert (check["recording"], check["kt_median"], check["all_met"]) == (new, 10, True)
+        assert document["kernel_tuner_best"][0]["from"] == "search_efficiency-kt.json.gz"
+        assert "default: 1 of 1 pairs meet every target checked" in capsys.readouterr().out
+    # the prior's design recordings stay in-sample under either name
+    assert bench.fit_kind("default", "h100-warptile-vectorized.json.gz") == "in-sample"
+    assert bench.fit_kind("default", bench.DESIGN_RECORDINGS[1]) == "in-sample"
+    assert bench.fit_kind("default", new) == "leave-one-out"
+
+
+def test_a_recording_named_by_an_old_name_is_searched_under_its_current_one():
+    """``--recording`` / ``--learn-from`` with a bundled recording's old name plan the same
+    runs as with its current name, keyed by the current one (one file, loaded once)."""
+    from tuner.measure.recording import BUNDLED_RECORDINGS
+
+    bench = search_efficiency()
+    args = bench.arguments().parse_args(["--samplers", "default", "--seeds", "1"])
+    old = str(BUNDLED_RECORDINGS / "h100-tf32x3-kheavy.json.gz")
+    new = str(BUNDLED_RECORDINGS / "h100-tf32x3-256x256x16384.json.gz")
+    jobs, caps, _ = bench.plan([old], ["default"], args, learn_from=[new])
+    assert list(caps) == [("h100-tf32x3-256x256x16384.json.gz", "tf32x3", "256x256x16384")]
+    assert [j.recording for j in jobs] == [new] and jobs[0].others == (new,)
+
+
+def test_the_kept_table_gives_the_verdict_the_docs_cite(tmp_path, capsys):
+    """bench/results/search_efficiency-table.json.gz holds the default's and random's runs and
+    the best Kernel Tuner row per pair: re-read with the command of docs/search.md ("Today's
+    table"), it names every bundled recording and gives 269 of 272, all leave-one-out pairs
+    met (a recording bundled without its rows in the table fails here: --merge-recordings)."""
+    from pathlib import Path
+
+    from tuner.measure.recording import BUNDLED_RECORDINGS
+
+    bench = search_efficiency()
+    table = Path(__file__).resolve().parents[1] / "bench/results/search_efficiency-table.json.gz"
+    out = tmp_path / "table.json"
+    assert bench.main(["--merge", str(table), "--kernel-tuner-from", str(table),
+                       "--merge-recordings", *map(str, BUNDLED_RECORDINGS.glob("*.json.gz")),
+                       "--out", str(out)]) == 0
+    assert "default: 269 of 272 pairs meet every target checked" in capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert len(document["kernel_tuner_best"]) == 272
+    assert all(c["all_met"] for c in document["target"] if c["fit"] == "leave-one-out")

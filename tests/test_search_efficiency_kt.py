@@ -20,7 +20,7 @@ from bench_support import search_efficiency
 kernel_tuner = pytest.importorskip("kernel_tuner")
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
+SOURCE = BUNDLED_RECORDINGS / "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz"
 FAMILY, PROBLEM = "vectorized", Problem(1024, 1024, 1024)
 NARROW = {"BM": (64, 128), "BN": (64, 128)}
 

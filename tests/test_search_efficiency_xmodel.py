@@ -20,7 +20,7 @@ from tuner.search.warmstart import warm_start_configs
 from bench_support import search_efficiency
 
 ROOT = Path(__file__).resolve().parents[1]
-H100_PATH = BUNDLED_RECORDINGS / "h100-tf32x3-kheavy.json.gz"
+H100_PATH = BUNDLED_RECORDINGS / "h100-tf32x3-256x256x16384.json.gz"
 FAMILY, PROBLEM = "tf32x3", Problem(256, 256, 16384)
 OTHER = "NVIDIA H200 (test)"
 
@@ -189,7 +189,7 @@ def test_learn_from_recordings_are_learned_from_but_never_searched(paths):
     row of its own."""
     bench = search_efficiency()
     h100, other = paths
-    learned = str(BUNDLED_RECORDINGS / "h100-tf32x3-2560.json.gz")  # another H100 tf32x3 shape
+    learned = str(BUNDLED_RECORDINGS / "h100-tf32x3-2560x2816x2304.json.gz")  # another H100 tf32x3 shape
     jobs, caps, _ = bench.plan([h100], ["default"], options(), learn_from=[learned, other])
     assert {j.recording for j in jobs} == {h100} and list(caps) == [(H100_PATH.name, FAMILY,
                                                                      PROBLEM.shape)]
@@ -209,7 +209,8 @@ def test_a_rows_examples_do_not_depend_on_how_the_files_are_named_or_ordered(pat
 
     bench = search_efficiency()
     h100, _ = paths
-    bundled = [str(BUNDLED_RECORDINGS / f"h100-tf32x3-{tag}.json.gz") for tag in ("2560", "s43")]
+    bundled = [str(BUNDLED_RECORDINGS / name) for name in (
+        "h100-tf32x3-2560x2816x2304.json.gz", "h100-tf32x3-1536x4096x2560+2304x2304x4608.json.gz")]
     plain = options(warm_start=False, cross_model=False)
     replay = bench.plan(sorted([h100, *bundled]), ["default"], plain)[0]
     fresh = bench.plan([h100], ["default"], plain, learn_from=[*reversed(bundled), h100])[0]

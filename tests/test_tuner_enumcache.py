@@ -77,7 +77,7 @@ def test_a_recorded_grid_enumerates_to_the_filtered_product_of_its_narrowed_valu
 
     from tuner.measure.replay import ReplayEvaluator
 
-    recording = BUNDLED_RECORDINGS / "h100-tf32x3.json.gz"
+    recording = BUNDLED_RECORDINGS / "h100-tf32x3-3000x3000x3000.json.gz"
     family = ReplayEvaluator.open(recording).family(kernels.get_family("tf32x3"))
     names = [p.name for p in family.params]
     product = [dict(zip(names, values))

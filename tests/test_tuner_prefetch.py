@@ -253,7 +253,7 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
     measured another shape since) or whose seed differs fits on its own."""
     skinny = kernels.get_family("skinny")
     problem = Problem(9, 4096, 2048)  # no recording holds it
-    examples = examples_from_recordings([load(BUNDLED_RECORDINGS / "h100-skinny.json.gz")])
+    examples = examples_from_recordings([load(BUNDLED_RECORDINGS / "h100-skinny-16x4096x4096+7x11008x4096.json.gz")])
     session = _session(_Evaluator(), tmp_path / "cubins", sampler="default", training=examples)
     with StartupPrefetch(session) as prefetch:
         prefetch.plan([(skinny, problem)], rank=lambda family, problem: False)

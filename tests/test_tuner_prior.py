@@ -21,7 +21,7 @@ from tuner.search.study import _accepted_configs
 from tuner.measure.recording import BUNDLED_RECORDINGS
 
 H100 = prior.Target(sm_count=132, arch="sm_90")
-RECORDING = BUNDLED_RECORDINGS / "h100-warptile-vectorized.json.gz"
+RECORDING = BUNDLED_RECORDINGS / "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz"
 
 
 def _geom(blocks: int, threads: int = 128, tile: tuple[int, int] = (64, 64)) -> prior.Geometry:
@@ -67,7 +67,7 @@ def test_blocktile1d_best_ranks_high_though_it_spills_at_the_cap():
     measures 1.09× the next config: read with the recorded resources, the prior ranks it among
     the first tenth of the 284 (with spills halving the rate at 32 bytes it ranked 277th)."""
     problem = Problem(2048, 2048, 2048)
-    replay = ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-blocktile1d-2048.json.gz")
+    replay = ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-blocktile1d-2048x2048x2048.json.gz")
     family = replay.family(kernels.get_family("blocktile1d"))
     usage = replay.compiled_usage(family, problem)
     recorded = [(config, result) for config, result in replay.recording.results("blocktile1d", problem)

@@ -464,7 +464,7 @@ def test_a_live_run_learns_each_family_the_bundled_recordings_of_its_gpu_model_h
                            command="test", stop=StopRequest()).learn_from_recordings
 
     assert learns(StandInEvaluator())
-    assert not learns(ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-tf32x3.json.gz"))
+    assert not learns(ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-tf32x3-3000x3000x3000.json.gz"))
 
 
 def test_a_model_study_offers_its_foreseen_asks_for_compiling_ahead_and_asks_the_same(tmp_path):

@@ -2,7 +2,8 @@
 
     python -m tuner.record --family blocktile2d --family vectorized \\
         --grid vectorized:RASTER=1,8 --shape 2048x2048x2048 --shape 1024x1024x4096 \\
-        --max-configs 500 --seed 0 --out tuner/recordings/h100.json.gz
+        --max-configs 500 --seed 0 \\
+        --out tuner/recordings/h100-blocktile2d+vectorized-2048x2048x2048+1024x1024x4096.json.gz
 
 Per family the configs are the accepted configs of its grid (all declared values, or those
 ``--grid FAMILY:PARAM=v1,v2`` keeps): every one of them when there are at most

@@ -26,7 +26,12 @@ grid, or a uniform sample of N of its M accepted configs with seed S.
 
 The recordings made on this project's GPU hosts ship with the package (``BUNDLED_RECORDINGS``):
 the benchmarks replay them, and a live study's cost model learns from those of its GPU model
-(``bundled``), as the benchmark's leave-one-out rows do from the others.
+(``bundled``), as the benchmark's leave-one-out rows do from the others. Each is named by what it
+holds, ``<GPU model>-<families joined by +>-<shapes MxNxK joined by +>.json.gz``, and described
+in ``MANIFEST.json`` beside them (shapes, families, grid, the command that made it, its date,
+whether it was re-timed, and the names it had before). A path that names a bundled recording by
+an old name resolves to its current one (``resolve``, ``canonical_name``), so a command, test or
+benchmark output written before a rename still finds it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ RESULT_FIELDS = (
 # The recordings that ship with the package (made with ``python -m tuner.record`` on the GPU
 # hosts; the benchmarks' data and the live cost model's examples).
 BUNDLED_RECORDINGS = Path(__file__).resolve().parent.parent / "recordings"
+# What each bundled recording holds, and the names it had before (format in its "what").
+MANIFEST = BUNDLED_RECORDINGS / "MANIFEST.json"
 
 GPU_FIELDS = ("name", "uuid", "compute_capability", "sm_count", "memory_bytes",
               "max_sm_clock_mhz", "driver_version", "cuda_version", "nvrtc_version")
@@ -439,8 +446,41 @@ def read_json(path: str | Path) -> Any:
     return json_from_bytes(Path(path).read_bytes())
 
 
-def load(path: str | Path) -> Recording:
+@lru_cache(maxsize=1)
+def manifest() -> dict[str, Any]:
+    """MANIFEST.json: the bundled recordings by name (empty where the file is absent)."""
+    try:
+        return json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        return {"recordings": {}}
+
+
+def _renamed() -> dict[str, str]:
+    """Old file name → current name, over the bundled recordings."""
+    return {old: name for name, entry in manifest()["recordings"].items()
+            for old in entry.get("old_names", ())}
+
+
+def canonical_name(name: str | Path) -> str:
+    """The file name of ``name`` (a name or a path) as the bundled recordings are named now:
+    an old name of one of them is its current name, any other name stays as it is."""
+    base = Path(name).name
+    return _renamed().get(base, base)
+
+
+def resolve(path: str | Path) -> Path:
+    """``path``; where no file is there and its name is an old name of a bundled recording,
+    that recording under its current name (beside ``path`` if it is there, else bundled)."""
     path = Path(path)
+    current = canonical_name(path)
+    if current == path.name or path.exists():
+        return path
+    beside = path.with_name(current)
+    return beside if beside.exists() else BUNDLED_RECORDINGS / current
+
+
+def load(path: str | Path) -> Recording:
+    path = resolve(path)
     try:
         raw = path.read_bytes()
     except OSError as error:

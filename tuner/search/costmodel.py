@@ -58,15 +58,16 @@ GEOMETRY_FEATURES = (
     "prior_rate",  # the static prior's estimate over the best estimate among the configs given
     # blocks over the blocks the whole GPU holds at once (estimated occupancy): a size relative
     # to the problem, so what larger tiles do at another shape carries over where the trees
-    # cannot extrapolate log2_m and its kin (replay, session 21: tf32x3 at 3000³ 45 → 20.5
-    # measurements to 3 %)
+    # cannot extrapolate log2_m and its kin (docs/search.md, "Why the default sampler is what it
+    # is": tf32x3 at 3000³ 45 → 20.5 measurements to 3 %)
     "waves",
 )
 # What the same config measured at the other shapes of its family (``Transfer``): its
 # fraction of the nearest shape's best and how far that shape is (log2 steps of m, n and k),
 # and its largest fraction at any of them (a config fast somewhere often is here where the
-# nearest shape's optimum is not: bench/NOTES.md, session 30). NaN where no other shape of the
-# family measured it, and in ``matrix``'s rows until ``Transfer.fill`` sets them.
+# nearest shape's optimum is not: docs/search.md, "Why the default sampler is what it is"). NaN
+# where no other shape of the family measured it, and in ``matrix``'s rows until
+# ``Transfer.fill`` sets them.
 TRANSFER_FEATURES = ("near_rate", "near_distance", "best_rate")
 FEATURES: tuple[str, ...] = (*GEOMETRY_FEATURES, "family", *(f"p_{p}" for p in PARAMS),
                              *TRANSFER_FEATURES)
@@ -114,7 +115,7 @@ def _rows(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem, t
           ) -> np.ndarray:
     """``features`` of each config, a row each. Column by column, not config by config: a
     split-K space lists 214,440 configs, and building each row in Python took most of
-    ``matrix``'s time (bench/NOTES.md, session 32)."""
+    ``matrix``'s time."""
     x = np.full((len(configs), len(FEATURES)), math.nan)
     if not len(configs):
         return x
@@ -214,8 +215,8 @@ class Transfer:
     (SM count and arch): its fraction of the best there (``fractions``), by unit. ``fill`` sets
     a problem's ``TRANSFER_FEATURES`` from the shapes that measured each config. The
     warm start showed that a shape's optimum is often its neighbour's (tf32x3 3000³ and
-    2560×2816×2304, session 27) while the geometry features rank it far down; this carries
-    that to the model, which learns from the other units how far it holds."""
+    2560×2816×2304) while the geometry features rank it far down; this carries that to the
+    model, which learns from the other units how far it holds (docs/search.md, "The fit")."""
 
     def __init__(self, examples: Iterable[Example]) -> None:
         # (target, family) → [(unit, problem, rates)]; keyed once here, not per ``fill``
@@ -423,8 +424,9 @@ class Correction:
     boosted model of (own fraction − that model's prediction), fitted on the own rows alone.
     The other problems' model stays as fitted; where they hold the family at other shapes,
     refitting it with the own rows weighted in let a few dozen rows of one shape pull the
-    whole fit (replay, session 21). The rows are one family's: no family column, and the
-    columns with no value (other families' parameters) are left out."""
+    whole fit (docs/search.md, "Why the default sampler is what it is"). The rows are one
+    family's: no family column, and the columns with no value (other families' parameters)
+    are left out."""
 
     def __init__(self, seed: int | None = 0) -> None:
         self.seed = _seed(seed)
@@ -464,7 +466,7 @@ def _boosted(seed: int, min_samples_leaf: int, categorical: np.ndarray | None = 
 def _predict(model: Any, columns: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``model``'s predictions over the columns it was fitted on, on one thread: OpenMP's worker
     threads (GNU libgomp) do not survive a fork, and a process forked after a multi-threaded
-    prediction hung in its first one (bench/NOTES.md, session 15); a live study refits on a
+    prediction hung in its first one; a live study refits on a
     background thread instead (ModelSampler)."""
     from threadpoolctl import threadpool_limits
 

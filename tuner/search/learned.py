@@ -21,7 +21,7 @@ one instead (an estimate that is wrong about a region would otherwise never be c
 there), as TVM MetaSchedule's epsilon-greedy search does. With nothing of the family to learn
 from yet (a fresh database, or examples of other families only), the start-up is the static
 prior's (``SearchSpace.startup``): what other families teach the model transfers worse than the
-prior (bench/NOTES.md).
+prior (docs/search.md, "Why the default sampler is what it is").
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 COSTLESS = ("rejected", "missing")  # never compiled nor run: not an example
 # One own measurement counts as at least this many examples of another problem, and the own
-# ones together as much as all of those (bench/NOTES.md, "A learned cost model").
+# ones together as much as all of those (docs/search.md, "The study's own results").
 OWN_WEIGHT = 20.0
 REFIT_GROWTH = 1.25  # refit when the study's measurements grew by a quarter (and by ≥ 2)
 EPSILON = 0.1  # share of asks that take a uniform accepted config
@@ -64,7 +64,7 @@ MAX_EXAMPLES = 10_000  # examples of other problems a fit's rows take at most (`
 # For these families, where the examples hold the family at LARGE_FROM_SHAPES shapes or more,
 # the fit on them boosts LARGE_ROUNDS rounds instead of costmodel.MAX_ITER: the cap's 10,000
 # rows carry more trees than the few thousand the default was sized for. tf32x3 lost pairs
-# with it (bench/NOTES.md, sessions 34-35).
+# with it (docs/search.md, "Why the default sampler is what it is").
 LARGE_FAMILIES = frozenset({"pipelined", "splitk", "skinny"})
 LARGE_FROM_SHAPES = 4
 LARGE_ROUNDS = 200
@@ -226,7 +226,7 @@ class Bases:
     """Two fits on the examples of other problems, as scores of the accepted configs: with
     the transfer columns (``costmodel.Transfer``: what each config measured at other shapes)
     and without them. The first wins where a recorded neighbour shares the searched shape's
-    optimum and loses where it does not (bench/NOTES.md, session 28); the study cannot tell
+    optimum and loses where it does not (docs/search.md, "The fit"); the study cannot tell
     which before it measures, so it alternates between them (``alternated``) until its own
     results say which orders them better (``trusted``)."""
 
@@ -246,7 +246,7 @@ class Bases:
         scores in place of the bases. With ``parts``, that order is taken in turn with its
         own ``breadth_first`` regrouping: where both fits misjudge the searched shape's best
         decomposition (a wave-quantization needle, a split), the first window still reaches
-        it (bench/NOTES.md, session 31)."""
+        it (docs/search.md, "The fit")."""
         first = np.argsort(-(self.transfer if transfer is None else transfer), kind="stable")
         second = np.argsort(-(self.plain if plain is None else plain), kind="stable")
         order = _in_turn(first, second)
@@ -301,8 +301,7 @@ class PreparedFit:
     """The model sampler's first fit, made ahead (``tuner.search.prefetch``): the examples of
     other problems as rows (``offline``) and, where they hold the family, both fits' scores of
     every accepted config (``Bases``; a study's first asks read ``scores``). 0.4-1.2 s of CPU
-    per study at 2048³ (bench/NOTES.md, session 16) that the main thread, with the GPU idle,
-    no longer spends."""
+    per study at 2048³ that the main thread, with the GPU idle, no longer spends."""
 
     key: FitKey
     offline: CostModel
@@ -380,7 +379,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
     where the examples hold no other shape of the family (``learns_family``): measured first.
     ``background``: refits after the first run on a thread while the study goes on asking with
     the scores it has (a refit and its prediction over every accepted config took 0.1-0.4 s of
-    the main thread each, a dozen per study, with the GPU waiting: bench/NOTES.md, session 15);
+    the main thread each, a dozen per study, with the GPU waiting);
     the asks then see a refit a few asks later than a replay (synchronous, the default) does."""
 
     def __init__(self, learned: LearnedSpace, distributions: Mapping[str, BaseDistribution],
@@ -452,7 +451,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
         running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                    if t.number != asking]
         # an array over the accepted configs, not a key per config and ask (tens of thousands
-        # of configs: ~0.1 s of the main thread per ask, the GPU idle; bench/NOTES.md, session 15)
+        # of configs: ~0.1 s of the main thread per ask, the GPU idle)
         seen = np.zeros(len(self.learned.configs), dtype=bool)
         for t in [*done, *running]:
             if set(names) <= t.params.keys():
@@ -578,8 +577,9 @@ def _corrected(bases: Bases, x: np.ndarray, rows: Sequence[int], rates: np.ndarr
 
 
 # The hybrid sampler's start-up: this many of the cost model's top-ranked configs first, then
-# the static prior's picks (measured on 13 recorded pairs, bench/NOTES.md: the model wins where
-# another shape of the same family transfers, the prior where none does).
+# the static prior's picks (an experiment, docs/search.md, "The static prior and the prior
+# set-up": the model wins where another shape of the same family transfers, the prior where
+# none does).
 HYBRID_PICKS = 3
 
 

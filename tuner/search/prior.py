@@ -50,21 +50,20 @@ SMEM_LOADS_PER_OPERAND = 2.0
 # Values per FMA from global memory/L2 at which that traffic halves the rate (bm·bn / (bm+bn)).
 GLOBAL_REUSE_HALF = 8.0
 # Depth of K staged in shared memory per block at which the per-slice barriers and copy halve
-# the rate (bench/NOTES.md, session 4: without it the prior preferred 8-deep slices, which
-# measure 0.6-0.85 of the best on warptile's full grid at 2048³).
+# the rate (without it the prior preferred 8-deep slices, which measure 0.6-0.85 of the best on
+# warptile's full grid at 2048³: docs/search.md, "The static prior and the prior set-up").
 STAGED_DEPTH_HALF = 4.0
 # Spilled bytes (stores + loads per thread, as ptxas reports) that halve the rate. A few
 # registers spilled at the launch bounds' cap cost nothing measurable in the recordings (within
 # a geometry group, spilling up to 1 KB measures 0.97-1.17 of its clean members), a local array
 # (15-22 KB) leaves 2-4 % of the best. 1024: the rank correlation of the prior with the
 # recorded speeds, chosen leaving each recording out, on 19 of 20 (family, shape) recordings
-# (512 on the other); 32 ranked blocktile1d's best at 2048³ (72 bytes) 277th of 284
-# (bench/NOTES.md, session 23).
+# (512 on the other); 32 ranked blocktile1d's best at 2048³ (72 bytes) 277th of 284.
 SPILL_HALF_BYTES = 1024.0
 # Compiles (NVRTC, one CPU core each, cached on disk) the prior may spend per study.
 MAX_COMPILES = 48
 # Members of each of the best groups the start-up measures (a group's first measurement alone
-# says little about its warp layouts: bench/NOTES.md, "top groups, three members each").
+# says little about its warp layouts: docs/search.md, "The static prior and the prior set-up").
 PER_GROUP = 3
 
 
@@ -112,7 +111,7 @@ def estimated_usage(geom: Geometry, arch: str | None = None) -> Usage:
     threads: uncapped, every 1024-thread config reads as one that cannot run), the
     accumulators past it spilled (as ``best_rate`` bounds them). The prior's ranking passes
     ``arch``; the cost model's features do not (capped, they moved the replay's rows of
-    families whose configs were never near the cap: bench/NOTES.md, session 22)."""
+    families whose configs were never near the cap)."""
     q = geom.outputs_per_thread
     cap = 255
     if arch is not None:

@@ -2,11 +2,12 @@
 
 ``--sampler default`` is the recommended set-up: the learned cost model
 (``tuner.search.learned``, ``--sampler model``) where the family's accepted configs are listed
-(``resolve``), which met issue 15's targets on 15 of the 18 recorded pairs against 7 for the
-TPE set-up below (leave-one-out, bench/NOTES.md); that TPE set-up (``--sampler prior``) where
-they are too many to list (``tuner.search.study.ENUMERABLE_SPACE``: every registered family's
-space is listed today). Why each piece of the TPE set-up is there
-(measurements in bench/NOTES.md, "Search set-up"):
+(``resolve``), which meets issue 15's targets on every leave-one-out recorded pair and met them
+on 15 of 18 against 7 for the TPE set-up below when it replaced it (docs/search.md, "Why the
+default sampler is what it is"); that TPE set-up (``--sampler prior``) where they are too many
+to list (``tuner.search.study.ENUMERABLE_SPACE``: every registered family's space is listed
+today). Why each piece of the TPE set-up is there (docs/search.md, "The static prior and the
+prior set-up"):
 
 * positions, not categories (``tuner.search.space``): power-of-two tile sizes are ordered, so the
   model can learn "128 is good, try 64 and 256".
@@ -213,7 +214,7 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     Optuna's TPE draws ``n_ei_candidates`` points from its density of good trials l(x) over the
     whole box and keeps the one with the best l(x)/g(x). In the tile families 80-97% of that box
     breaks a constraint, so nearly every draw was rejected and the asks fell back to uniform
-    picks (bench/NOTES.md). Here the candidates are drawn from the accepted configs not yet
+    picks. Here the candidates are drawn from the accepted configs not yet
     measured or in flight, weighted by l(x) — TPE's own candidate distribution restricted to
     what can run — and ranked by TPE's l(x)/g(x). Everything else is TPESampler's: the split
     into good and bad trials, the Parzen estimators and their bandwidths, constant liar. It
