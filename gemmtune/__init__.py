@@ -15,7 +15,6 @@ torch or CuPy until a call receives their arrays.
 
 from __future__ import annotations
 
-from . import torchpath
 from .answers import SourceUnavailable
 from .dispatch import DISPATCHER, Choice
 from .frontend import explain, matmul
@@ -23,13 +22,14 @@ from .pack import PackError, build_pack, read_pack, write_pack
 from .precision import PRECISION_NAMES
 from .sources import SOURCE_ENV, HttpSource, open_source
 from .switch import counts, disable, enable, enabled, is_enabled
+from .torchpath import forget as _forget_plans
 from .workload import record_workload
 
 
 def clear_cache() -> None:
     """Forget cached choices, plans and opened sources (e.g. after new tuning results landed)."""
     DISPATCHER.clear()
-    torchpath.forget()
+    _forget_plans()
 
 
 def _register_torch_op() -> None:

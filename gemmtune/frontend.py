@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import call, torchpath
+from .call import explain as _explain
+from .call import matmul as _matmul
+from .torchpath import tuned as _tuned
 from .sources import Source
 
 
@@ -35,14 +37,14 @@ def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
         return compiled_matmul(a, b, out, alpha, beta, bias, precision, source, strict)
     if (type(a).__module__.startswith("torch") and type(alpha) is float and type(beta) is float
             and type(precision) is str and (source is None or type(source) is str) and not strict):
-        done = torchpath.tuned(a, b, out, alpha, beta, bias, precision, source, exact_only=False)
+        done = _tuned(a, b, out, alpha, beta, bias, precision, source, exact_only=False)
         if done is not None:
             return done
-    return call.matmul(a, b, out, alpha=alpha, beta=beta, bias=bias, precision=precision, source=source,
-                       strict=strict)
+    return _matmul(a, b, out, alpha=alpha, beta=beta, bias=bias, precision=precision, source=source,
+                   strict=strict)
 
 
-explain = call.explain
+explain = _explain
 
 
 def _compiling(a: Any) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import torchpath
+from .torchpath import result_shape, tuned, would_run
 from .precision import check_precision
 
 OPERATORS = ("mm", "mm.out", "addmm", "addmm.out", "bmm", "bmm.out", "baddbmm", "baddbmm.out")
@@ -198,21 +198,21 @@ def route(op: str, args: tuple, kwargs: dict) -> Any:
     out = kwargs.get("out")
     if op.startswith(("mm", "bmm")):
         a, b = args
-        return torchpath.tuned(a, b, out, 1.0, 0.0, None, _S.precision, _S.source, exact_only=True)
+        return tuned(a, b, out, 1.0, 0.0, None, _S.precision, _S.source, exact_only=True)
     given, a, b = args
     alpha, beta = _scalar(kwargs.get("alpha", 1)), _scalar(kwargs.get("beta", 1))
     if alpha is None or beta is None or not isinstance(given, torch.Tensor) or given.dtype is not torch.float32:
         return None
     if beta == 0.0:  # torch ignores the input then (nan and inf in it included)
-        return torchpath.tuned(a, b, out, alpha, 0.0, None, _S.precision, _S.source, exact_only=True)
+        return tuned(a, b, out, alpha, 0.0, None, _S.precision, _S.source, exact_only=True)
     n = b.shape[-1]
     if beta == 1.0 and given.dim() >= 1 and given.shape[-1] == n and given.numel() == n and given.stride(-1) == 1:
         # a bias vector broadcast over the rows (nn.Linear): the kernels' epilogue adds it
-        return torchpath.tuned(a, b, out, alpha, 0.0, given.reshape(n), _S.precision, _S.source, exact_only=True)
-    if not torchpath.would_run(a, b, _S.precision, _S.source):
+        return tuned(a, b, out, alpha, 0.0, given.reshape(n), _S.precision, _S.source, exact_only=True)
+    if not would_run(a, b, _S.precision, _S.source):
         return None
     # beta * input in C: the input in the output first, then C = alpha*A*B + beta*C
-    shape = torchpath.result_shape(a, b)
+    shape = result_shape(a, b)
     if out is not None and out.shape == shape and out.data_ptr() == given.data_ptr() and out.stride() == given.stride():
         target = out  # addmm_ / out=input: C is the input already
     else:
@@ -223,4 +223,4 @@ def route(op: str, args: tuple, kwargs: dict) -> Any:
         if out is not None and target is not out:
             return None  # out would have to be resized: torch's rules
         target.copy_(given.expand(shape))
-    return torchpath.tuned(a, b, target, alpha, beta, None, _S.precision, _S.source, exact_only=True)
+    return tuned(a, b, target, alpha, beta, None, _S.precision, _S.source, exact_only=True)

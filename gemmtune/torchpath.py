@@ -34,7 +34,7 @@ class _Torch:
 T = _Torch()
 
 
-def _init() -> None:
+def init_torch() -> None:
     import torch
 
     T.tensor, T.f32, T.uint8, T.empty = torch.Tensor, torch.float32, torch.uint8, torch.empty
@@ -99,7 +99,7 @@ def _problem(a: Any, b: Any, out: Any, beta: float, bias: Any) -> tuple[Gemm, Op
                                                                       Operand | None] | None:
     """The problem and operands of a call this path takes, else None."""
     if not T.ready:
-        _init()
+        init_torch()
     pa, pb = describe(a), describe(b)
     if pa is None or pb is None or a.device != b.device:
         return None
@@ -194,7 +194,7 @@ def tuned(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, precis
     What a call runs is worked out once per operand geometry (sizes, strides, dtypes, devices)
     and kept: a repeated call costs a dict lookup, the addresses, an output and a launch."""
     if not T.ready:
-        _init()
+        init_torch()
     if not (isinstance(a, T.tensor) and isinstance(b, T.tensor)):
         return None
     try:

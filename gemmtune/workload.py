@@ -25,7 +25,8 @@ from typing import Any
 
 from db.workloads import FORMAT, VERSION, write_workload
 
-from . import switch, torchpath
+from .switch import observing
+from .torchpath import T, describe, init_torch
 
 TIMED_PER_PROBLEM = 200  # event pairs kept per problem (the mean of these times the count)
 
@@ -44,9 +45,9 @@ class _Seen:
 def problem_of(op: str, args: tuple) -> Problem | str:
     """The problem an aten GEMM call poses, or why the kernels cannot take it."""
     a, b = (args[0], args[1]) if op.startswith(("mm", "bmm")) else (args[1], args[2])
-    if not torchpath.T.ready:
-        torchpath._init()
-    pa, pb = torchpath.describe(a), torchpath.describe(b)
+    if not T.ready:
+        init_torch()
+    pa, pb = describe(a), describe(b)
     if pa is None or pb is None:
         import torch
 
@@ -125,7 +126,7 @@ def record_workload(path: str | Path | None = None, *, label: str = "") -> Itera
     """Record the FP32 CUDA GEMMs run inside the block; written to `path` (if given) at the end.
     Works with the switch on or off (it records what runs either way)."""
     recorder = Recorder()
-    with switch.observing(recorder):
+    with observing(recorder):
         yield recorder
     if path is not None:
         write_workload(recorder.workload(label), path)

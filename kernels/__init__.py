@@ -3,20 +3,10 @@
 Imports none of the other layers.
 """
 from kernels.compiler import CompiledKernel, CompileError, Resources, compile_config, nvrtc_version
-from kernels.families import LADDER
+from kernels.families import FAMILIES, LADDER, get_family
 from kernels.layout import DEFAULT_LAYOUT, LAYOUTS, check_layout, stored_shapes
 from kernels.occupancy import ARCH_LIMITS, Occupancy, max_registers, occupancy
 from kernels.space import PRECISIONS, BoundFamily, Config, ConfigError, Constraint, Family, Launch, Param, bind
-
-FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
-
-
-def get_family(name: str) -> Family:
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise ConfigError(f"unknown kernel family {name!r}; known families: {', '.join(FAMILIES)}") from None
-
 
 def gemm(family, config, a, b, c, m, n, k, alpha=1.0, beta=0.0, **options):
     """Run C = alpha*op(A)*op(B) + beta*C with one family and config on device data; options:

@@ -323,7 +323,7 @@ def plan(family: Family | str, config: Config, m: int, n: int, k: int, *, layout
          device: int = 0) -> Plan:
     """The cached Plan of one config for one problem on `device` (compiled, or taken from the
     CUBIN cache, and loaded on first use); makes the device's context current."""
-    from kernels import get_family
+    from kernels.families import get_family
 
     fam = get_family(family) if isinstance(family, str) else family
     arch = device_arch(device)  # also makes the device's context current

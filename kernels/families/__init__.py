@@ -1,4 +1,5 @@
 """The optimization ladder, one family per rung (rasterization is the RASTER parameter of rungs 4-8)."""
+from kernels.space import ConfigError, Family
 from kernels.families.blocktile1d import BlockTile1D
 from kernels.families.blocktile2d import BlockTile2D
 from kernels.families.naive import Naive
@@ -12,3 +13,12 @@ from kernels.families.wgmma import Wgmma
 
 LADDER = (Naive(), SharedMemory(), BlockTile1D(), BlockTile2D(), Vectorized(), WarpTile(), Pipelined(), SplitK(),
           Tf32x3(), Skinny(), Wgmma())
+
+FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown kernel family {name!r}; known families: {', '.join(FAMILIES)}") from None

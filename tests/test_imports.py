@@ -1,5 +1,6 @@
-"""tuner's modules import each other without a circle, and its parts in one direction only:
-run → search → measure, all three onto the shared top-level modules (tuner/__init__.py).
+"""No package's modules import each other around a circle; the layers import one way only
+(kernels → tuner → db → api, gemmtune beside api: ARCHITECTURE.md); and inside tuner, its parts
+one way: run → search → measure, all three onto the shared top-level modules.
 
 Read from the source with ``ast``, counting every import, also those inside functions (a lazy
 import still makes a circle: the old cli → worker → cli one was lazy on both sides)."""
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +45,11 @@ def import_graph(root: Path = ROOT, package: str = "tuner") -> dict[str, set[str
                 if node.level:  # relative: from . / .. import
                     anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
                     base = ".".join(anchor + ([base] if base else []))
-                imported.add(base)
-                imported |= {f"{base}.{alias.name}" for alias in node.names}
+                # `from pkg import sub` needs the module pkg.sub (pkg itself is only the
+                # namespace it is found in); `from pkg import name` needs what pkg defines
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    imported.add(sub if sub in paths else base)
         graph[name] = {m for m in imported if m in paths and m != name}
     return graph
 
@@ -101,7 +107,7 @@ def test_the_graph_counts_lazy_and_relative_imports(tmp_path):
     (package / "sub" / "b.py").write_text("def f():\n    from pkg import a\n")
     (package / "a.py").write_text("from .sub.b import f\n")
     graph = import_graph(tmp_path, "pkg")
-    assert graph["pkg.sub.b"] == {"pkg", "pkg.a"} and "pkg.sub.b" in graph["pkg.a"]
+    assert graph["pkg.sub.b"] == {"pkg.a"} and "pkg.sub.b" in graph["pkg.a"]
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
@@ -115,4 +121,47 @@ def test_parts_import_only_downwards():
     wrong = [f"{source} imports {target}"
              for source, targets in import_graph().items() if source not in ENTRY_MODULES
              for target in sorted(targets) if part(target) not in ALLOWED[part(source)]]
+    assert wrong == []
+
+
+PACKAGES = ("kernels", "tuner", "db", "api", "gemmtune")
+# What each package may import of the others (besides itself). api may use gemmtune's pure
+# pack and precision modules, so a pack and a precision filter mean the same on both sides.
+LAYERS = {
+    "kernels": set(),
+    "db": {"kernels"},
+    "tuner": {"kernels", "db"},
+    "gemmtune": {"kernels", "db"},
+    "api": {"kernels", "db", "gemmtune.pack", "gemmtune.precision", "gemmtune.answers"},
+}
+
+
+def _project_imports(package: str) -> dict[str, set[str]]:
+    """Module of `package` → modules of the other project packages it imports (anywhere)."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        name = module_name(path, ROOT)
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets.add(node.module)
+        found[name] = {t for t in targets if t.split(".")[0] in PACKAGES and t.split(".")[0] != package}
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle_in_any_package(package):
+    graph = import_graph(ROOT, package)
+    assert len(graph) > 3
+    assert cycles(graph) == [], "modules that import each other, directly or around a circle"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_layers_import_only_downwards(package):
+    allowed = LAYERS[package]
+    wrong = [f"{module} imports {target}" for module, targets in _project_imports(package).items()
+             for target in sorted(targets)
+             if target not in allowed and target.split(".")[0] not in allowed]
     assert wrong == []
