@@ -12,6 +12,7 @@ import sys
 
 import db
 import kernels
+from kernels.layout import problem_label
 
 from .pack import PackError, build_pack, import_pack, read_pack, write_pack
 from .precision import PRECISION_NAMES
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             fam = kernels.FAMILIES.get(e["family"])
             usable = "ok" if fam is not None and fam.source_hash == e["source_hash"] else "SKIPPED (other version)"
             frac = e.get("fraction_of_cublas")
-            print(f"  {e['gpu']:<28} {e['m']}x{e['n']}x{e['k']:<8} {e['precision']:<8} {e['family']:<12} "
+            label = problem_label(e["m"], e["n"], e["k"], e.get("layout", "nn"), e.get("batch", 1))
+            print(f"  {e['gpu']:<28} {label:<20} {e['precision']:<8} {e['family']:<12} "
                   f"{e['gflops']:>9.0f} GFLOP/s {'' if frac is None else f'{frac:5.2f}x cuBLAS'}  {usable}")
         return 0
 
@@ -111,8 +113,6 @@ def _profile(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     print(f"wrote {path}: {len(workload['problems'])} GEMM problems, {calls} calls, {workload['gemm_ms']:.1f} ms of "
           f"GEMM time on {workload['gpu']}" + (f"; skipped {workload['skipped']}" if workload["skipped"] else ""))
     for p in workload["problems"][:10]:
-        from kernels.layout import problem_label
-
         print(f"  {problem_label(p['m'], p['n'], p['k'], p['layout'], p['batch']):<24} {p['count']:>6} calls "
               f"{p['share']:6.1%} of GEMM time")
     return 0
