@@ -159,9 +159,10 @@ def test_switch_runs_forward_and_backward_of_torch_modules_on_tuned_kernels(tmp_
     for line, (got, theirs, want) in zip(report, [(y, y0, y64), (z, z0, z64), *zip(grads, torch_grads, ref_grads)]):
         err = relative_error(got.detach().cpu().numpy(), want.detach().cpu().numpy())
         torch_err = relative_error(theirs.cpu().numpy(), want.detach().cpu().numpy())
-        # 3xTF32's error per product (~2.4e-7 relative) is up to ~4x cuBLAS FP32's at short K
-        # (docs/serving.md, "Models: bench/models.py"); a wrong kernel errs by O(1)
-        assert err < max(5 * torch_err, tolerance(512)), "\n".join(report)
+        # FP32-accurate, not FP32's own rounding: 3xTF32's error per product (~2.4e-7 relative)
+        # is 3-13x torch FP32's on this model's short-K GEMMs (docs/kernels.md, "Accuracy: FLUSH
+        # and round-to-nearest splits"); a wrong layout, stride or batch errs by 1e-3 and more
+        assert err < max(20 * torch_err, tolerance(512)), "\n".join(report)
 
 
 def test_disable_restores_torch_exactly_and_bad_input_goes_to_torch(tmp_path, torch, family):
