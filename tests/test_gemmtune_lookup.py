@@ -289,3 +289,66 @@ def test_public_names():
     assert callable(gemmtune.matmul) and callable(gemmtune.explain)
     assert gemmtune.PRECISION_NAMES == ("ffma", "fp32")
     gemmtune.clear_cache()
+
+
+# --- layouts and batches ----------------------------------------------------------------------------
+
+LINEAR, HEADS = (4096, 3072, 1024), (512, 512, 64)  # x @ W.T, and attention's scores per head
+LAYOUT_ROWS = [
+    Row("tf32x3", LINEAR, 40_000.0, layout="nt"),
+    Row("blocktile2d", LINEAR, 9_000.0),  # the same shape in nn: another problem
+    Row("tf32x3", HEADS, 20_000.0, layout="nt", batch=128),
+]
+
+
+@pytest.fixture(scope="module")
+def layout_url(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('layouts')}/results.sqlite"
+    fill(url, LAYOUT_ROWS)
+    return url
+
+
+def choose_problem(source, shape, layout="nn", batch=1, exact_only=False):
+    return Dispatcher().choose(device=0, gpu=H100, arch=ARCH, m=shape[0], n=shape[1], k=shape[2], precision="fp32",
+                               source=source, layout=layout, batch=batch, exact_only=exact_only)
+
+
+@pytest.mark.parametrize("kind", ["database", "pack"])
+def test_each_layout_and_batch_is_its_own_problem(layout_url, tmp_path, kind):
+    source = layout_url
+    if kind == "pack":
+        with db.open_database(layout_url) as d:
+            source = str(write_pack(build_pack(d), tmp_path / "pack.json"))
+        entries = read_pack(source)["entries"]
+        assert {(e["layout"], e["batch"]) for e in entries} == {("nt", 1), ("nn", 1), ("nt", 128)}
+    nt = choose_problem(source, LINEAR, "nt")
+    assert (nt.kind, nt.match, nt.family, nt.layout) == ("kernel", "exact", "tf32x3", "nt")
+    nn = choose_problem(source, LINEAR, "nn")
+    assert (nn.match, nn.family) == ("exact", "blocktile2d")
+    # the nearest problem is one of the same layout, the batch counted as a fourth size
+    near = choose_problem(source, HEADS, "nt", batch=96)
+    assert (near.kind, near.match, near.family) == ("kernel", "nearest", "tf32x3")
+    assert near.tuned_shape == HEADS and near.distance == pytest.approx(abs(__import__("math").log2(128 / 96)))
+    assert choose_problem(source, HEADS, "tn", batch=128).kind == "library"  # no tn tuned at all
+    # the switch runs only kernels tuned on the problem itself
+    strict = choose_problem(source, HEADS, "nt", batch=96, exact_only=True)
+    assert strict.kind == "library" and "tuned only on other shapes" in strict.reason
+    assert "128x512x512x64:nt" in str(choose_problem(source, HEADS, "nt", batch=128))
+
+
+def test_the_api_answers_per_layout_and_batch(layout_url):
+    s = Server(layout_url)
+    try:
+        nt = choose_problem(s.base, LINEAR, "nt")
+        assert (nt.match, nt.family) == ("exact", "tf32x3")
+        batched = choose_problem(s.base, HEADS, "nt", batch=128)
+        assert (batched.match, batched.family) == ("exact", "tf32x3")
+        import urllib.request
+
+        with urllib.request.urlopen(f"{s.base}/api/best?gpu={H100.replace(' ', '%20')}&m=512&n=512&k=64"
+                                    "&layout=xx") as r:  # noqa: S310
+            pytest.fail(f"layout=xx answered {r.status}")
+    except urllib.error.HTTPError as err:
+        assert err.code == 422 and b"nn" in err.read()
+    finally:
+        s.stop()
