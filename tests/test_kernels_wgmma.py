@@ -63,9 +63,9 @@ def test_launch_plan_and_workspace_layout(shape, splitk):
     assert a_map == TensorMap("workspace", dims=(kp, m, 2), box=(32, config["BM"], 1),
                               strides=(4 * kp, 4 * m * kp), offset=4 * a_off)
     assert a_off >= (splitk * m * n if splitk > 1 else 0) and a_off % 64 == 0
-    assert b_map.base == "b" and b_map.dims == (n, k) and b_map.fallback.base == "workspace"
+    assert b_map.base == "b" and b_map.dims == (n, k, 1) and b_map.fallback.base == "workspace"
     b_off = b_map.fallback.offset // 4
-    assert b_off >= a_off + 2 * m * kp and b_off % 64 == 0 and b_map.fallback.strides == (4 * np_,)
+    assert b_off >= a_off + 2 * m * kp and b_off % 64 == 0 and b_map.fallback.strides == (4 * np_, 4 * k * np_)
     assert FAMILY.workspace_bytes(config, m, n, k) == 4 * (b_off + k * np_)
     # Every TMA stride is a multiple of 16 bytes, every box within the engine's 256-element limit.
     for tm in (a_map, b_map.fallback):
@@ -86,6 +86,34 @@ def test_asplit_reads_a_in_place_with_the_packed_view_as_fallback():
     a_packed = FAMILY.main_launch(packed, m, n, k).tensor_maps[0]
     a_view = FAMILY.main_launch(in_kernel, m, n, k).tensor_maps[0]
     assert a_packed.base == "workspace"
-    assert a_view == TensorMap("a", dims=(k, m), box=(32, packed["BM"]), fallback=a_packed)
+    assert a_view == TensorMap("a", dims=(k, m, 1), box=(32, packed["BM"], 1), fallback=a_packed)
     # The workspace keeps room for the packed A: an unaligned A falls back to it at run time.
     assert FAMILY.workspace_bytes(in_kernel, m, n, k) == FAMILY.workspace_bytes(packed, m, n, k)
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_layouts_and_batches_in_the_maps_and_the_workspace(layout):
+    """Every map is 3-D, its last coordinate the batch entry; a transposed A is always packed (not
+    K-major), a transposed B is read as boxes of BN rows by 32 k; the workspace holds a batch of
+    everything."""
+    m, n, k, batch = 1023, 1025, 999, 3
+    config = dict(FAMILY.starting_points[0], ASPLIT=1)
+    main = FAMILY.main_launch(config, m, n, k, layout, batch)
+    a_map, b_map = main.tensor_maps
+    kp, np_ = -(-k // 4) * 4, -(-n // 4) * 4
+    bn = 64 * config["MW"] * config["WGS"]
+    if layout[0] == "t":
+        assert a_map.base == "workspace" and a_map.dims == (kp, m, 2 * batch)
+    else:
+        assert a_map.base == "a" and a_map.dims == (k, m, batch) and a_map.fallback.dims == (kp, m, 2 * batch)
+    if layout[1] == "t":
+        assert b_map.dims == (k, n, batch) and b_map.box == (32, bn, 1)
+        assert b_map.fallback.strides == (4 * kp, 4 * n * kp)
+    else:
+        assert b_map.dims == (n, k, batch) and b_map.box == (32, config["BK"], 1)
+    assert main.grid[2] == batch
+    pack = FAMILY.launches(config, m, n, k, layout, batch)[0]
+    assert pack.kernel == "gemm_pack" and pack.grid[1] == batch
+    copy = n * kp if layout[1] == "t" else k * np_
+    assert FAMILY.workspace_bytes(config, m, n, k, layout, batch) == 4 * (b_map.fallback.offset // 4 + batch * copy)
+    assert FAMILY.workspace_bytes(config, m, n, k, layout, batch) > FAMILY.workspace_bytes(config, m, n, k, layout)
