@@ -205,15 +205,20 @@ class Family:
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
-    def program(self, c: Config, layout: str = "nn") -> str:
-        """The full CUDA text for one config and layout: compile-time parameters as macros ahead
-        of the source, SPLIT (1 where K is sliced) and the layout's TA / TB; launch-time
-        parameters are left out."""
+    def program(self, c: Config, layout: str = "nn", batch: int = 1, bias: bool = False) -> str:
+        """The full CUDA text for one config and problem kind: compile-time parameters as macros
+        ahead of the source, SPLIT (1 where K is sliced), the layout's TA / TB, BATCHED (batch
+        > 1) and BIAS; launch-time parameters are left out. A single GEMM without a bias
+        defines neither, so it compiles to the text it had before either existed."""
         self.validate(c)
         ta, tb = transposed(layout)
         defines = "".join(f"#define {p.name} {int(c[p.name])}\n" for p in self.params if not p.launch_time)
-        return (defines + f"#define SPLIT {int(self.splits(c) > 1)}\n#define TA {int(ta)}\n#define TB {int(tb)}\n"
-                + self.source)
+        defines += f"#define SPLIT {int(self.splits(c) > 1)}\n#define TA {int(ta)}\n#define TB {int(tb)}\n"
+        if check_batch(batch) > 1:
+            defines += "#define BATCHED 1\n"
+        if bias:
+            defines += "#define BIAS 1\n"
+        return defines + self.source
 
     # --- parameter space ---------------------------------------------------------------------
     def validate(self, c: Config) -> None:
@@ -311,8 +316,8 @@ class BoundFamily:
     def base(self) -> Family:
         return self.family
 
-    def program(self, c: Config, layout: str | None = None) -> str:
-        return self.family.program(c, self.layout)
+    def program(self, c: Config, layout: str | None = None, batch: int | None = None, bias: bool = False) -> str:
+        return self.family.program(c, self.layout, self.batch, bias)
 
     def launches(self, c: Config, m: int, n: int, k: int, layout: str | None = None,
                  batch: int | None = None) -> list[Launch]:
@@ -335,11 +340,12 @@ class BoundFamily:
 
 def bind(family: "Family | BoundFamily", layout: str = "nn", batch: int = 1) -> "Family | BoundFamily":
     """``family`` for problems of this layout and batch: itself for a single "nn" GEMM (what
-    every family did before layouts), else a BoundFamily."""
-    base = family.base
+    every family did before layouts; a view such as a recording's narrowed grid stays that
+    view), else a BoundFamily of it."""
+    unbound = family.family if isinstance(family, BoundFamily) else family
     if layout == "nn" and batch == 1:
-        return base
-    return BoundFamily(base, layout, batch)
+        return unbound
+    return BoundFamily(unbound, layout, batch)
 
 
 def enumerate_accepted(family: Family, arch: str = "sm_90") -> Iterator[dict[str, int]]:
