@@ -10,11 +10,13 @@ import pytest
 class LuckyBench:
     """The stand-in GPU bench (``tuner.measure.testing.GpuBench``), but every CUBIN's first
     timing is 10 % fast, and ``fault_on`` (a timing's number, counted over the process) raises
-    GpuFault: the recording sweep's own code then runs on CPU with real NVRTC compiles."""
+    GpuFault: the recording sweep's own code then runs on CPU with real NVRTC compiles. ``lucky``
+    holds the lucky rates handed out."""
 
     timings = 0
     fault_on: int | None = None
     seen: set[bytes] = set()
+    lucky: set[float] = set()
 
     def __new__(cls, device: int = 0):
         from tuner.measure import testing
@@ -28,6 +30,7 @@ class LuckyBench:
                 if cubin not in LuckyBench.seen:
                     LuckyBench.seen.add(cubin)
                     result["gflops"] *= 1.1
+                    LuckyBench.lucky.add(result["gflops"])
                 return result
 
         return Bench(device)
@@ -40,5 +43,5 @@ def stand_in_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("GEMMTUNE_CACHE", str(tmp_path / "cubins"))
     monkeypatch.setattr(gpu, "GpuBench", LuckyBench)
     monkeypatch.setattr(gpu, "GpuFault", testing.GpuFault)
-    LuckyBench.timings, LuckyBench.fault_on, LuckyBench.seen = 0, None, set()
+    LuckyBench.timings, LuckyBench.fault_on, LuckyBench.seen, LuckyBench.lucky = 0, None, set(), set()
     return LuckyBench
