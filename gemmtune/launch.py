@@ -22,7 +22,7 @@ def run_kernel(choice: Choice, problem: Gemm, device: int, a: Operand, b: Operan
     CUDA graph capture needs; without it, one workspace per (device, stream) is kept
     (kernels.runtime.workspace). The owner is held until the launch is queued."""
     made = plan(choice.kernel_family, choice.config, problem.m, problem.n, problem.k, layout=problem.layout,
-                batch=problem.batch, device=device)
+                batch=problem.batch, bias=bool(bias), device=device)
     need = made.workspace_bytes
     owner = None
     if not need:

@@ -70,9 +70,10 @@ def describe(t: Any) -> Operand | None:
     return Operand(t.data_ptr(), rows, cols, found[1], found[0], batch, bstride)
 
 
-def _choice(device: int, p: Gemm, precision: str, source: Any, exact_only: bool) -> tuple[Choice, Any]:
+def _choice(device: int, p: Gemm, precision: str, source: Any, exact_only: bool,
+            bias: bool = False) -> tuple[Choice, Any]:
     """The choice for this problem, and its plan where it runs a kernel (cached with it)."""
-    key = (device, p.m, p.n, p.k, p.layout, p.batch, precision, source, exact_only)
+    key = (device, p.m, p.n, p.k, p.layout, p.batch, precision, source, exact_only, bias)
     found = _PLANNED.get(key)
     if found is not None and found[0].expires is None:
         return found
@@ -82,7 +83,7 @@ def _choice(device: int, p: Gemm, precision: str, source: Any, exact_only: bool)
     made = None
     if choice.kind == "kernel":
         made = make_plan(choice.kernel_family, choice.config, p.m, p.n, p.k, layout=p.layout, batch=p.batch,
-                         device=device)
+                         bias=bias, device=device)
     found = _PLANNED[key] = (choice, made)
     return found
 
@@ -171,7 +172,7 @@ def _prepare(a: Any, b: Any, out: Any, beta: float, bias: Any, precision: str, s
         return _NOT_TAKEN
     p, pa, pb, po, pbias = found
     device = a.device.index
-    choice, made = _choice(device, p, precision, source, exact_only)
+    choice, made = _choice(device, p, precision, source, exact_only, pbias is not None)
     if made is None:
         return _NOT_TAKEN if choice.expires is None else None  # an unreachable source is asked again later
     if po is None:

@@ -133,14 +133,17 @@ def compile_program(program: str, arch: str, name: str = "gemm.cu") -> tuple[byt
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _program(family: Family, config: Config, arch: str, layout: str = "nn") -> tuple[str, str]:
-    """The program text and compile target of one config and layout (ConfigError if rejected)."""
+def _program(family: Family, config: Config, arch: str, layout: str = "nn", batch: int = 1,
+             bias: bool = False) -> tuple[str, str]:
+    """The program text and compile target of one config and problem kind (ConfigError if rejected)."""
     from kernels.space import ConfigError
 
     reasons = family.reject_reasons(config, arch)
     if reasons:
         raise ConfigError(f"{family.name} config {dict(config)} rejected: " + "; ".join(reasons))
-    return family.program(config, layout), family.target(arch)  # e.g. sm_90a where it needs wgmma
+    if layout == "nn" and batch == 1 and not bias:  # (a family view may take no more)
+        return family.program(config), family.target(arch)  # e.g. sm_90a where it needs wgmma
+    return family.program(config, layout, batch, bias), family.target(arch)
 
 
 def cubin_key(family: Family, config: Config, arch: str = "sm_90", layout: str = "nn") -> str:
@@ -155,10 +158,10 @@ def _paths(key: str, cache_dir: Path | str | None) -> tuple[Path, Path]:
     return folder / f"{key}.cubin", folder / f"{key}.json"
 
 
-def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None, layout: str = "nn"
-           ) -> tuple[str, str, Path, Path]:
+def _entry(family: Family, config: Config, arch: str, cache_dir: Path | str | None, layout: str = "nn",
+           batch: int = 1, bias: bool = False) -> tuple[str, str, Path, Path]:
     """The program text, compile target and cache files of one config (ConfigError if rejected)."""
-    program, target = _program(family, config, arch, layout)
+    program, target = _program(family, config, arch, layout, batch, bias)
     return program, target, *_paths(cache_key(program, target), cache_dir)
 
 
@@ -187,11 +190,12 @@ def cached_config(family: Family, config: Config, arch: str = "sm_90",
 
 
 def compile_config(family: Family, config: Config, arch: str = "sm_90",
-                   cache_dir: Path | str | None = None, layout: str = "nn") -> CompiledKernel:
-    """Compile one config of a family for a layout (kernels.layout), through the on-disk cache.
-    Rejected configs raise ConfigError."""
+                   cache_dir: Path | str | None = None, layout: str = "nn", batch: int = 1,
+                   bias: bool = False) -> CompiledKernel:
+    """Compile one config of a family for a layout (kernels.layout), a batch (batch > 1) and a
+    bias epilogue, through the on-disk cache. Rejected configs raise ConfigError."""
     start = time.perf_counter()
-    program, target, cubin_path, meta_path = _entry(family, config, arch, cache_dir, layout)
+    program, target, cubin_path, meta_path = _entry(family, config, arch, cache_dir, layout, batch, bias)
     found = _read_entry(cubin_path, meta_path, arch, start)
     if found is not None:
         return found
@@ -205,7 +209,8 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
         if family.kernel_name not in resources:
             raise CompileError(f"no ptxas report for kernel {family.kernel_name!r}", log)
         seconds = time.perf_counter() - start
-        meta = {"family": family.name, "config": dict(config), "layout": layout, "arch": target,
+        meta = {"family": family.name, "config": dict(config), "layout": layout, "batched": batch > 1,
+                "bias": bias, "arch": target,
                 "nvrtc": nvrtc_version(), "log": log,
                 "resources": {k: asdict(v) for k, v in resources.items()}}
         _atomic_write(cubin_path, cubin)

@@ -257,8 +257,9 @@ class Plan:
     that a call writes only what changed (pointers, scalars) and launches."""
 
     def __init__(self, kernel: LoadedKernel, launches: Sequence[Launch], workspace_bytes: int,
-                 dims: tuple[int, int, int], context: Any = None):
+                 dims: tuple[int, int, int], context: Any = None, bias: bool = False):
         self.kernel = kernel
+        self.bias = bias  # compiled with the bias epilogue (a program without one ignores the pointer)
         self._context = int(context) if context is not None else None  # the device's primary context
         self.launches = tuple(launches)
         self.workspace_bytes = workspace_bytes
@@ -290,6 +291,8 @@ class Plan:
             args[8].value, args[9].value, args[11].value = beta, c, workspace
             fixed = (lda, ldb, ldc, bias, strides)
             if fixed != self._fixed:  # a call's operand geometry mostly repeats: set it when it changes
+                if bias and not self.bias:
+                    raise ValueError("this plan has no bias epilogue: make it with plan(..., bias=True)")
                 self._fixed = fixed
                 for i, v in ((5, lda), (7, ldb), (10, ldc), (12, bias), (13, strides[0]), (14, strides[1]),
                              (15, strides[2])):
@@ -320,38 +323,39 @@ _PLAN_LOCK = threading.Lock()
 
 
 def plan(family: Family | str, config: Config, m: int, n: int, k: int, *, layout: str = "nn", batch: int = 1,
-         device: int = 0) -> Plan:
+         bias: bool = False, device: int = 0) -> Plan:
     """The cached Plan of one config for one problem on `device` (compiled, or taken from the
-    CUBIN cache, and loaded on first use); makes the device's context current."""
+    CUBIN cache, and loaded on first use); makes the device's context current. bias: the plan
+    adds a bias vector (its calls must pass one)."""
     from kernels.families import get_family
 
     fam = get_family(family) if isinstance(family, str) else family
     arch = device_arch(device)  # also makes the device's context current
     # the config's items in the caller's order: cheaper than sorting, and an order seen twice
     # only costs a second entry
-    key = (device, fam.name, tuple(config.items()), layout, m, n, k, batch)
+    key = (device, fam.name, tuple(config.items()), layout, m, n, k, batch, bias)
     found = _PLANS.get(key)
     if found is None:
-        found = _new_plan(fam, config, m, n, k, layout, batch, device, arch, key)
+        found = _new_plan(fam, config, m, n, k, layout, batch, bias, device, arch, key)
     return found
 
 
-def _new_plan(fam: Family, config: Config, m: int, n: int, k: int, layout: str, batch: int, device: int,
-              arch: str, key: tuple) -> Plan:
+def _new_plan(fam: Family, config: Config, m: int, n: int, k: int, layout: str, batch: int, bias: bool,
+              device: int, arch: str, key: tuple) -> Plan:
     from kernels.compiler import compile_config
 
     check_batch(batch)
     launches = tuple(fam.launches(config, m, n, k, layout, batch))
     need = fam.workspace_bytes(config, m, n, k, layout, batch)
     with _PLAN_LOCK:  # one compile and module load per program, however many threads ask
-        loaded_key = (device, fam.name, tuple(sorted(config.items())), layout, arch)
+        loaded_key = (device, fam.name, tuple(sorted(config.items())), layout, batch > 1, bias, arch)
         kernel = _LOADED.get(loaded_key)
         if kernel is None:
-            kernel = _LOADED[loaded_key] = LoadedKernel(compile_config(fam, config, arch, layout=layout).cubin,
-                                                        launches)
+            cubin = compile_config(fam, config, arch, layout=layout, batch=batch, bias=bias).cubin
+            kernel = _LOADED[loaded_key] = LoadedKernel(cubin, launches)
         if len(_PLANS) >= PLAN_CACHE:
             _PLANS.clear()
-        made = _PLANS[key] = Plan(kernel, launches, need, (m, n, k), _CONTEXTS[device])
+        made = _PLANS[key] = Plan(kernel, launches, need, (m, n, k), _CONTEXTS[device], bias)
     return made
 
 
@@ -396,7 +400,7 @@ def gemm(family: Family | str, config: Config, a: Any, b: Any, c: Any, m: int, n
     pc, lc, sc = _geometry(c, "c", m, n)
     if strides is not None:
         sa, sb, sc = strides
-    made = plan(family, config, m, n, k, layout=layout, batch=batch, device=device)
+    made = plan(family, config, m, n, k, layout=layout, batch=batch, bias=bias is not None, device=device)
     handle = _stream_handle(stream)
     ws = workspace(device, handle, made.workspace_bytes) if made.workspace_bytes else 0
     made.run(pa, la if lda is None else lda, pb, lb if ldb is None else ldb, pc, lc if ldc is None else ldc,

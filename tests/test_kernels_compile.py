@@ -139,3 +139,36 @@ def test_configs_differing_only_in_launch_time_parameters_share_a_cubin_key():
     assert cubin_key(splitk, other) != cubin_key(splitk, config)
     with pytest.raises(ConfigError):
         cubin_key(splitk, dict(config, BM=3))
+
+
+def _compile_kinds(job):
+    """In a separate process: the registers of one config's single, batched and bias programs."""
+    name, config, arch, layout, cache = job
+    fam = get_family(name)
+    return [compile_config(fam, config, arch, cache_dir=cache, layout=layout, batch=batch, bias=bias).main.registers
+            for batch, bias in ((1, False), (2, False), (1, True), (2, True))]
+
+
+def test_batches_and_the_bias_are_separate_programs(tmp_path):
+    """A batch and the bias epilogue are compiled in (BATCHED, BIAS), so a single GEMM without a
+    bias keeps the program it had before either existed; every kind compiles in some layout."""
+    from kernels import LAYOUTS
+
+    smem = get_family("smem")
+    single = smem.program({"TILE": 16})
+    assert "BATCHED" not in single.split("// Shared by every family")[0]
+    assert "#define BATCHED 1" in smem.program({"TILE": 16}, "nn", 2)
+    assert "#define BIAS 1" in smem.program({"TILE": 16}, "nn", 1, True)
+    kinds = {smem.program({"TILE": 16}, layout, batch, bias)
+             for layout in LAYOUTS for batch in (1, 2) for bias in (False, True)}
+    assert len(kinds) == 16
+
+    jobs = []
+    for i, (name, fam) in enumerate(sorted(FAMILIES.items())):
+        arch = "sm_90" if fam.offered_on("sm_90") else "sm_80"
+        config = dict(fam.starting_points[0]) if fam.starting_points else fam.sample_accepted(1, seed=1, arch=arch)[0]
+        jobs.append((name, config, arch, LAYOUTS[i % len(LAYOUTS)], str(tmp_path)))
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for job, registers in zip(jobs, pool.map(_compile_kinds, jobs)):
+            assert all(r > 0 for r in registers), (job[0], registers)
+    assert len(list(tmp_path.glob("*.cubin"))) == 4 * len(jobs)

@@ -1,17 +1,26 @@
 // Shared by every family. Parameters arrive as macros defined ahead of this text, with the
 // problem's layout: TA (A is stored transposed: element (m, k) at A[k * lda + m]) and TB (B is
 // stored transposed: element (k, n) at B[n * ldb + k]); otherwise A (M x K) and B (K x N) are
-// row-major. C (M x N) is row-major with leading dimension ldc. C = alpha*op(A)*op(B) + beta*C
-// (+ bias[n] on every row where bias is not null).
+// row-major. C (M x N) is row-major with leading dimension ldc. C = alpha*op(A)*op(B) + beta*C,
+// plus bias[n] on every row in a BIAS program.
 //
-// Batched problems: gridDim.z = batch * SLICES, and batch entry b reads A + b*stride_a,
-// B + b*stride_b and writes C + b*stride_c (strides in elements; one bias for every entry).
+// BATCHED programs take a batch: gridDim.z = batch * SLICES, and batch entry b reads
+// A + b*stride_a, B + b*stride_b and writes C + b*stride_c (strides in elements; one bias for
+// every entry). Batches and the bias are compiled in, as SPLIT is, so a single GEMM without a
+// bias compiles to the code it had before either existed (their offsets and loads changed the
+// register allocation of configs near the limit, spills included).
 #define DIV_UP(a, b) (((a) + (b) - 1) / (b))
 #ifndef TA
 #define TA 0
 #endif
 #ifndef TB
 #define TB 0
+#endif
+#ifndef BATCHED
+#define BATCHED 0
+#endif
+#ifndef BIAS
+#define BIAS 0
 #endif
 
 #define GEMM_ARGS                                                                                    \
@@ -20,16 +29,18 @@
         float* __restrict__ workspace, const float* __restrict__ bias, long long stride_a,            \
         long long stride_b, long long stride_c, int splits, int raster
 
-// Element accessors for the families that read A and B one element at a time.
+// Element accessors for the families that read A and B one element at a time. (The second
+// index is left unparenthesized on purpose: `A_AT(r, k0 + c)` is then the very expression the
+// layout-free code wrote, and compiles as it did.)
 #if TA
-#define A_AT(m, k) A[(size_t)(k) * lda + (m)]
+#define A_AT(m, k) A[(size_t)(k) * lda + m]
 #else
-#define A_AT(m, k) A[(size_t)(m) * lda + (k)]
+#define A_AT(m, k) A[(size_t)(m) * lda + k]
 #endif
 #if TB
-#define B_AT(k, n) B[(size_t)(n) * ldb + (k)]
+#define B_AT(k, n) B[(size_t)(n) * ldb + k]
 #else
-#define B_AT(k, n) B[(size_t)(k) * ldb + (n)]
+#define B_AT(k, n) B[(size_t)(k) * ldb + n]
 #endif
 
 // Launch-time values, passed as the last two arguments so that configs differing only in them
@@ -38,10 +49,16 @@
 // SLICES is `splits` where the program slices K and a constant 1 where it does not, so that an
 // unsliced kernel's K loop compiles as it did with a constant (it measured ~2% faster so).
 #define SLICES (SPLIT ? splits : 1)
-// blockIdx.z = batch entry * SLICES + slice of K (a constant 0 where K is not sliced).
+// blockIdx.z = batch entry * SLICES + slice of K (the slice is a constant 0 where K is not sliced).
+#if BATCHED
 #define SLICE ((int)(blockIdx.z % SLICES))
 #define BATCH_ENTRY ((long long)(blockIdx.z / SLICES))
+#else
+#define SLICE ((int)blockIdx.z)
+#define BATCH_ENTRY 0ll
+#endif
 // Moves A, B and C to this block's batch entry (the pointers are the kernel's own copies).
+#if BATCHED
 #define SELECT_BATCH_ENTRY()                       \
     do {                                           \
         const long long entry_ = BATCH_ENTRY;      \
@@ -49,6 +66,11 @@
         B += entry_ * stride_b;                    \
         C += entry_ * stride_c;                    \
     } while (0)
+#else
+#define SELECT_BATCH_ENTRY() \
+    do {                     \
+    } while (0)
+#endif
 
 // Block order: groups of `raster` tile-rows are walked column by column, so blocks that run at
 // the same time share A rows and B columns in L2. raster = 1 is plain row-major order (families
@@ -65,11 +87,15 @@ __device__ __forceinline__ void tile_coords(int& tile_m, int& tile_n, int tiles_
 }
 
 // beta == 0 never reads C, so NaNs already in C do not leak into the result. `col` indexes the
-// bias vector (bias is null for a plain GEMM).
+// bias vector (read in BIAS programs only).
 __device__ __forceinline__ float epilogue(float acc, float alpha, float beta, const float* c,
                                           const float* __restrict__ bias, int col) {
-    float v = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
-    return bias ? v + bias[col] : v;
+    const float v = beta == 0.0f ? alpha * acc : alpha * acc + beta * *c;
+#if BIAS
+    return bias ? v + bias[col] : v;  // null for split-K partials: the reduction adds it
+#else
+    return v;
+#endif
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) {

@@ -31,7 +31,11 @@ __device__ __forceinline__ void stage_batch(float* slot, const float* __restrict
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const bool in = k + u < k_end && col + j < N;
+#if TB
                 cp_async4(Bs + u * BN + j, in ? &B_AT(k + u, col + j) : B, in);
+#else
+                cp_async4(Bs + u * BN + j, in ? B + (size_t)(k + u) * ldb + col + j : B, in);
+#endif
             }
     }
     constexpr int A_CHUNKS = TM * UNROLL / 4;
@@ -39,15 +43,24 @@ __device__ __forceinline__ void stage_batch(float* slot, const float* __restrict
 #pragma unroll
     for (int c = lane; c < A_CHUNKS; c += 32) {
         const int i = c / (UNROLL / 4), u = (c % (UNROLL / 4)) * 4;
-        if (!TA && vec_a && full_rows && row0 + i < M) {
-            cp_async16(As + i * UNROLL + u, A + (size_t)(row0 + i) * lda + k + u);
+#if TA
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const bool in = row0 + i < M && k + u + q < k_end;
+            cp_async4(As + i * UNROLL + u + q, in ? &A_AT(row0 + i, k + u + q) : A, in);
+        }
+#else
+        const float* src = A + (size_t)(row0 + i) * lda + k + u;
+        if (vec_a && full_rows && row0 + i < M) {
+            cp_async16(As + i * UNROLL + u, src);
         } else {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const bool in = row0 + i < M && k + u + q < k_end;
-                cp_async4(As + i * UNROLL + u + q, in ? &A_AT(row0 + i, k + u + q) : A, in);
+                cp_async4(As + i * UNROLL + u + q, in ? src + q : A, in);
             }
         }
+#endif
     }
 }
 

@@ -157,8 +157,8 @@ __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int
     }
 }
 
-// Two adjacent outputs of one row (the accumulator pairs of the m16n8 C fragment); bias (null for
-// none) is added along the row.
+// Two adjacent outputs of one row (the accumulator pairs of the m16n8 C fragment); in BIAS
+// programs the bias is added along the row.
 __device__ __forceinline__ void store2(float* C, int ldc, int M, int N, int row, int col, float v0,
                                        float v1, float alpha, float beta, bool vec_c,
                                        const float* __restrict__ bias) {
@@ -171,10 +171,12 @@ __device__ __forceinline__ void store2(float* C, int ldc, int M, int N, int row,
             out.x += beta * old.x;
             out.y += beta * old.y;
         }
-        if (bias) {
+#if BIAS
+        if (bias) {  // null for split-K partials: the reduction adds it
             out.x += bias[col];
             out.y += bias[col + 1];
         }
+#endif
         *reinterpret_cast<float2*>(c) = out;
     } else {
         if (col < N) c[0] = epilogue(v0, alpha, beta, c, bias, col);

@@ -189,7 +189,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
 #define FULL(s) (bars + 8 * (s))
 #define EMPTY(s) (bars + 8 * (STAGES + (s)))
 
-    const int batch = gridDim.z / SLICES;
+    const int batch = BATCHED ? gridDim.z / SLICES : 1;
     const int entry = (int)BATCH_ENTRY;
     C += entry * stride_c;
     const int tiles_m = DIV_UP(M, BM), tiles_n = DIV_UP(N, BN);
