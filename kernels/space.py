@@ -7,7 +7,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from kernels.layout import MAX_BATCH_GRID, check_batch, transposed
 
@@ -336,6 +336,12 @@ class BoundFamily:
 
     def __repr__(self) -> str:
         return f"<Family {self.family.rung}:{self.family.name} {self.layout} x{self.batch}>"
+
+
+def bound_to(family: Any) -> tuple[str, int]:
+    """The (layout, batch) a family or view builds its programs for: a BoundFamily's, else a
+    single "nn" GEMM's. Anything that caches per family and config keys on it too."""
+    return (family.layout, family.batch) if isinstance(family, BoundFamily) else ("nn", 1)
 
 
 def bind(family: "Family | BoundFamily", layout: str = "nn", batch: int = 1) -> "Family | BoundFamily":

@@ -255,6 +255,30 @@ def test_a_cached_cubin_is_read_at_once_not_queued_behind_compiles(tmp_path):
         pool.close()
 
 
+def test_one_config_in_two_layouts_is_two_programs_in_the_pool_and_the_evaluator(tmp_path):
+    """One command tunes several layouts of a family (a workload): the same config of each is
+    its own program. Keyed by family and config alone, the second layout was handed the first
+    layout's CUBIN and hung or faulted on the GPU."""
+    from tuner.measure.live import CompilePool
+
+    smem, config = kernels.get_family("smem"), {"TILE": 16}
+    views = {layout: kernels.bind(smem, layout) for layout in ("nt", "tn")}
+    want = {layout: kernels.compile_config(smem, config, "sm_90", cache_dir=tmp_path / "direct", layout=layout).cubin
+            for layout in views}
+    assert want["nt"] != want["tn"]
+    pool = CompilePool("sm_90", tmp_path / "cubins", workers=1)
+    try:
+        for layout, view in views.items():
+            assert pool.submit(view, config).result(timeout=120).cubin == want[layout], layout
+    finally:
+        pool.close()
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1, backend="tuner.testing") as evaluator:
+        for view in views.values():
+            evaluator.prepare(view, config)
+        futures = [evaluator._compiles[evaluator._key(view, config)] for view in views.values()]
+        assert [f.result(timeout=120).cubin for f in futures] == [want["nt"], want["tn"]]
+
+
 def _sharing_and_other(name: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """Two accepted configs of a family that differ only in RASTER (launch-time: one CUBIN),
     and one of another CUBIN."""

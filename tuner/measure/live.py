@@ -257,6 +257,12 @@ def _compile_job(family_ref: Any, config: dict[str, int], arch: str, cache_dir: 
     return _Compiled(compiled.cubin, dict(compiled.resources), compiled.seconds)
 
 
+def program_id(family: Any, config: Mapping[str, int]) -> tuple:
+    """A config's program, cheaply: its family's source, the layout and batch it is bound to
+    (one command tunes several layouts of a family: their programs differ) and the config."""
+    return (family.name, family.source_hash, *kernels.bound_to(family), config_key(config))
+
+
 def _family_ref(family: Any) -> Any:
     # Registered families travel by name; others (planted test kernels) as pickled objects.
     return family.name if kernels.FAMILIES.get(family.name) is family else family
@@ -305,7 +311,7 @@ class CompilePool:
         # compiles queued or running, by the CUBIN they build (``cubin_key``)
         self._building: dict[str, Future[_Compiled]] = {}
         self._begun: set[str] = set()  # CUBINs ``begin`` started or found cached
-        self._keys: dict[tuple[str, str, Any], str] = {}  # ``_cubin_key``'s
+        self._keys: dict[tuple, str] = {}  # ``_cubin_key``'s
         self._ahead: set[str] = set()  # CUBINs ``begin`` started that no submit has asked for
         self.ahead_begun = 0  # compiles ``begin`` started
         self.ahead_taken = 0  # of those, asked for by a submit afterwards
@@ -365,7 +371,7 @@ class CompilePool:
     def _cubin_key(self, family: Any, config: Mapping[str, int]) -> str:
         """``cubin_key`` (the program's text rendered and hashed, on the main thread) once per
         config: a config ``begin`` started is submitted again when it is asked for."""
-        name = (family.name, family.source_hash, config_key(config))
+        name = program_id(family, config)
         key = self._keys.get(name)
         if key is None:
             key = self._keys[name] = cubin_key(family, config, self.arch)
@@ -513,7 +519,7 @@ class LiveEvaluator:
                         float(result["gflops"]), result.get("sm_clock_mhz"))
 
     def _key(self, family: Any, config: dict[str, int]) -> tuple:
-        return (family.name, family.source_hash, config_key(config))
+        return program_id(family, config)
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         key = self._key(family, config)
