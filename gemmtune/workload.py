@@ -16,6 +16,7 @@ with their reason, so a workload says how much of its GEMM time no tuned kernel 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from db.workloads import FORMAT, VERSION, write_workload
 from .switch import observing
 from .torchpath import T, describe, init_torch
 
-TIMED_PER_PROBLEM = 200  # event pairs kept per problem (the mean of these times the count)
+TIMED_PER_PROBLEM = 200  # event pairs kept per problem (their median times the count: a cold first call does not count)
 
 
 # A recorded problem: (m, n, k, layout, batch)
@@ -108,9 +109,9 @@ class Recorder:
                 for start, stop in seen.events:
                     stop.synchronize()
                     times.append(start.elapsed_time(stop))
-                mean = sum(times) / len(times) if times else 0.0
+                typical = statistics.median(times) if times else 0.0
                 rows.append({"m": m, "n": n, "k": k, "layout": layout, "batch": batch, "count": seen.count,
-                             "time_ms": mean * seen.count, "operators": dict(sorted(seen.operators.items()))})
+                             "time_ms": typical * seen.count, "operators": dict(sorted(seen.operators.items()))})
         total = sum(r["time_ms"] for r in rows)
         for r in rows:
             r["share"] = r["time_ms"] / total if total > 0 else 0.0
