@@ -10,7 +10,9 @@ from kernels import FAMILIES, CompileError, ConfigError, compile_config, get_fam
 from kernels.compiler import compile_program, parse_ptxas_report
 from kernels.families.smem import SharedMemory
 
-SAMPLES_PER_FAMILY = 20
+# A fresh random sample each run (the seed is new every time), so CI covers the spaces over its
+# runs; 6 per family and architecture keeps this file near a minute on a 2-core CI machine.
+SAMPLES_PER_FAMILY = 6
 
 
 def _compile(job):
@@ -25,7 +27,7 @@ def test_every_family_compiles_a_random_sample(arch, tmp_path):
     jobs = [(name, c, arch, str(tmp_path)) for name, fam in FAMILIES.items()
             for c in fam.sample_accepted(SAMPLES_PER_FAMILY, seed=seed, arch=arch)]
     offered = [f for f in FAMILIES.values() if f.offered_on(arch)]
-    assert len(jobs) >= 20 * len(offered) - 17  # smem has only 3 configs
+    assert len(jobs) >= SAMPLES_PER_FAMILY * len(offered) - (SAMPLES_PER_FAMILY - 3)  # smem has only 3 configs
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for (name, config, _, _), (main, got_arch, size) in zip(jobs, pool.map(_compile, jobs)):
             assert got_arch == arch and size > 0
@@ -142,11 +144,12 @@ def test_configs_differing_only_in_launch_time_parameters_share_a_cubin_key():
 
 
 def _compile_kinds(job):
-    """In a separate process: the registers of one config's single, batched and bias programs."""
+    """In a separate process: the registers of one config's batched and bias programs (the plain
+    one the random sample above compiles)."""
     name, config, arch, layout, cache = job
     fam = get_family(name)
     return [compile_config(fam, config, arch, cache_dir=cache, layout=layout, batch=batch, bias=bias).main.registers
-            for batch, bias in ((1, False), (2, False), (1, True), (2, True))]
+            for batch, bias in ((2, False), (1, True), (2, True))]
 
 
 def test_batches_and_the_bias_are_separate_programs(tmp_path):
@@ -171,4 +174,4 @@ def test_batches_and_the_bias_are_separate_programs(tmp_path):
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for job, registers in zip(jobs, pool.map(_compile_kinds, jobs)):
             assert all(r > 0 for r in registers), (job[0], registers)
-    assert len(list(tmp_path.glob("*.cubin"))) == 4 * len(jobs)
+    assert len(list(tmp_path.glob("*.cubin"))) == 3 * len(jobs)
