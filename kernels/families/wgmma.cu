@@ -92,8 +92,10 @@ __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
 
 // The pre-pass, one batch entry per blockIdx.y: A -> [big | small] (zero-padded to Kp), and B ->
 // aligned copy where TMA cannot read B in place. Grid-stride loops; four consecutive k per
-// thread, stored as float4. A transposed A is read with consecutive threads on consecutive m
-// (coalesced reads; the float4 stores stride by Kp).
+// thread, stored as float4. A transposed A (stored K x M) goes through a 32 x 32 shared tile, so
+// that its reads (along m) and its float4 stores (along k) are both coalesced; read and split
+// in one pass, its stores strode by Kp and the pre-pass took as long as the GEMM (docs/kernels.md,
+// "The transposed A's pre-pass").
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const int batch = gridDim.y;
     const int Kp = padded4(K);
@@ -104,30 +106,44 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N, splits, batch)) + entry * 2 * quads;
     float4* small = big + quads;
     const long long step = (long long)gridDim.x * blockDim.x;
+#if TA
+    __shared__ float tile[32][33];  // [k][m], padded: both passes are free of bank conflicts
+    const int m_tiles = (M + 31) / 32;
+    const long long tiles = (long long)m_tiles * ((Kp + 31) / 32);
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform per block: it syncs
+        const int m0 = (int)(t % m_tiles) * 32, k0 = (int)(t / m_tiles) * 32;
+        for (int j = threadIdx.x; j < 32 * 32; j += blockDim.x) {
+            const int kk = j / 32, mm = j % 32;
+            tile[kk][mm] = k0 + kk < K && m0 + mm < M ? Ab[(size_t)(k0 + kk) * lda + m0 + mm] : 0.0f;
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < 32 * 8; j += blockDim.x) {
+            const int mm = j / 8, qq = j % 8;
+            if (m0 + mm < M && k0 + 4 * qq < Kp) {
+                float b4[4], s4[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) split_rn(tile[4 * qq + u][mm], b4[u], s4[u]);
+                const long long q = (long long)(m0 + mm) * (Kp / 4) + k0 / 4 + qq;
+                big[q] = make_float4(b4[0], b4[1], b4[2], b4[3]);
+                small[q] = make_float4(s4[0], s4[1], s4[2], s4[3]);
+            }
+        }
+        __syncthreads();
+    }
+#else
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
          i < quads && !a_split_in_kernel(A, lda, stride_a, batch); i += step) {
-#if TA
-        const int m = (int)(i % M), k = (int)(i / M) * 4;
-        const long long q = (long long)m * (Kp / 4) + k / 4;
-#else
         const int m = (int)(i / (Kp / 4)), k = (int)(i % (Kp / 4)) * 4;
-        const long long q = i;
-#endif
         float x[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-#if TA
-            x[j] = k + j < K ? Ab[(size_t)(k + j) * lda + m] : 0.0f;
-#else
-            x[j] = k + j < K ? Ab[(size_t)m * lda + k + j] : 0.0f;
-#endif
-        }
+        for (int j = 0; j < 4; ++j) x[j] = k + j < K ? Ab[(size_t)m * lda + k + j] : 0.0f;
         float b4[4], s4[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) split_rn(x[j], b4[j], s4[j]);
-        big[q] = make_float4(b4[0], b4[1], b4[2], b4[3]);
-        small[q] = make_float4(s4[0], s4[1], s4[2], s4[3]);
+        big[i] = make_float4(b4[0], b4[1], b4[2], b4[3]);
+        small[i] = make_float4(s4[0], s4[1], s4[2], s4[3]);
     }
+#endif
     if (!tma_ready(B, ldb, stride_b, batch)) {
         // the stored matrix's rows (k for row-major B, n for a transposed one), padded to 4
         const int rows = TB ? N : K, cols = TB ? K : N, cols_p = padded4(cols);
