@@ -227,12 +227,19 @@ class Reads:
             id=run.id, state=run.state, gpu=run.gpu_name, gpu_uuid=run.gpu_uuid, family=run.family,
             source_hash=run.source_hash, problem=problem_out(run.problem), sampler=run.sampler, seed=run.seed,
             budget=dict(run.budget), host=run.host, command=run.command, study_name=run.study_name,
-            started_at=run.started_at, ended_at=run.ended_at, n_trials=run.n_trials, n_ok=run.n_ok,
+            started_at=run.started_at, ended_at=run.ended_at, heartbeat_at=run.heartbeat_at,
+            stale_after_s=run.stale_after_s, n_trials=run.n_trials, n_ok=run.n_ok,
             state_counts=self.db.count_trials(run.id) if with_counts else None,
             best_gflops=run.best_gflops, cublas_gflops=baseline, fraction_of_cublas=fraction(run.best_gflops, baseline),
         )  # fmt: skip
 
+    def settle_runs(self) -> None:
+        """Runs whose tuner died (no heartbeat for its stale-after time) are shown as interrupted
+        at once, not left "running" until another tuner starts: one read, a write only for them."""
+        self.db.interrupt_stale_runs()
+
     def get_run(self, run_id: int) -> db.Run:
+        self.settle_runs()
         try:
             return self.db.get_run(run_id)
         except db.UnknownRunError:
@@ -244,6 +251,7 @@ class Reads:
         if gpu is not None:
             self.resolve_gpu(gpu)
         family = self.check_kernel(kernel) if kernel is not None else None
+        self.settle_runs()
         found = self.db.list_runs(gpu=gpu, problem_id=problem_id, family=family, state=state, offset=offset, limit=limit)
         return [self.run_out(r, with_counts=False) for r in found]
 
@@ -325,6 +333,7 @@ class Reads:
         rows.sort(key=lambda r: -r.gflops)
         baselines = [b for g in gpus if (b := self.db.latest_baseline(g.id, p.id)) is not None]
         cublas = max((b.gflops for b in baselines), default=None)
+        self.settle_runs()
         runs = self.db.list_runs(gpu=gpu, problem_id=problem_id, limit=200)
         return s.FamilyComparison(
             gpu=gpus[0].name, problem=problem_out(p), cublas_gflops=cublas, families=rows,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from db import JOB_BUDGET_LIMITS
+from db import DEFAULT_STALE_AFTER_S, JOB_BUDGET_LIMITS
 from kernels.layout import LAYOUTS, MAX_BATCH_GRID
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -123,6 +123,10 @@ class RunOut(BaseModel):
     study_name: str | None = None
     started_at: datetime
     ended_at: datetime | None = None
+    heartbeat_at: datetime | None = Field(default=None, description="The tuner's last sign of life.")
+    stale_after_s: float | None = Field(
+        default=None, description="Seconds without a heartbeat after which the run is interrupted "
+        f"(its tuner died); null: the default, {DEFAULT_STALE_AFTER_S:g}.")
     n_trials: int
     n_ok: int
     state_counts: dict[str, int] | None = Field(default=None, description="Trials per trial state (run detail only).")

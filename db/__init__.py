@@ -12,7 +12,7 @@ from .queries import log2_distance
 from .records import (Baseline, BestResult, FamilyVersion, Gpu, GpuInfo, MeasuredConfig,
                       NearestProblem, OverviewCell, Problem, Run, Trial, TrialRecord)
 from .records import TRIAL_RESULT, ResultField  # the one definition of a trial's result
-from .states import DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
+from .states import DEFAULT_STALE_AFTER_S, DTYPES, JOB_STATES, LAYOUTS, RUN_STATES, TRIAL_STATES
 from .urls import default_url, resolve_url
 from .workloads import Workload, WorkloadError, WorkloadProblem, read_workload, write_workload
 
@@ -21,7 +21,7 @@ __all__ = [
     "GpuInfo", "TrialRecord", "TRIAL_RESULT", "ResultField",
     "Gpu", "Problem", "FamilyVersion", "Run", "Trial", "Baseline", "BestResult",
     "NearestProblem", "OverviewCell", "MeasuredConfig",
-    "TRIAL_STATES", "RUN_STATES", "DTYPES", "LAYOUTS",
+    "TRIAL_STATES", "RUN_STATES", "DTYPES", "LAYOUTS", "DEFAULT_STALE_AFTER_S",
     "InvalidInputError", "UnknownRunError", "UnknownGpuError",
     "StorageError", "NotADatabaseError", "SchemaTooNewError",
     "log2_distance",

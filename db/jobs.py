@@ -25,7 +25,7 @@ from . import validate
 from .core import DatabaseCore
 from .errors import InvalidInputError, UnknownGpuError, bad_value
 from .models import GpuRow, JobRow, utcnow
-from .states import JOB_STATES
+from .states import DEFAULT_STALE_AFTER_S, JOB_STATES
 
 OPEN_STATES: tuple[str, ...] = ("queued", "running")
 END_STATES: tuple[str, ...] = ("done", "failed")
@@ -40,7 +40,6 @@ MAX_FAMILIES = 50
 # A job whose workers died this many times is failed instead of being claimed again: it is
 # probably what kills them.
 MAX_JOB_ATTEMPTS = 3
-DEFAULT_STALE_AFTER_S = 300.0
 
 
 class UnknownJobError(InvalidInputError, LookupError):
@@ -117,13 +116,6 @@ def _check_families(families: Any) -> list[str]:
         raise bad_value("job families", families,
                         f"a list of at most {MAX_FAMILIES} family names ([]: the default ones)")
     return list(dict.fromkeys(f.strip() for f in families))
-
-
-def _check_stale_after(stale_after_s: Any) -> float:
-    if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
-            or not (math.isfinite(stale_after_s) and stale_after_s > 0):
-        raise bad_value("stale_after_s", stale_after_s, "a positive number of seconds")
-    return float(stale_after_s)
 
 
 class Jobs(DatabaseCore):
@@ -206,7 +198,7 @@ class Jobs(DatabaseCore):
         """
         validate.text("gpu_name", gpu_name)
         validate.text("worker", worker)
-        stale_after = timedelta(seconds=_check_stale_after(stale_after_s))
+        stale_after = timedelta(seconds=validate.stale_after(stale_after_s))
         key = gpu_name.strip().lower()
         for _ in range(20):  # each turn either claims, fails a hopeless job, or lost a race
             now = utcnow()

@@ -52,6 +52,7 @@ def _run(row: Any) -> Run:
         study_name=run.study_name, state=run.state, started_at=run.started_at,
         ended_at=run.ended_at, n_trials=n_trials or 0, n_ok=n_ok or 0,
         best_gflops=None if best_gflops is None else float(best_gflops),
+        heartbeat_at=run.heartbeat_at, stale_after_s=run.stale_after_s,
     )
 
 

@@ -141,8 +141,10 @@ class RunRow(Base):
     state: Mapped[str] = mapped_column(String(20), default="running")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Refreshed by a live tuner; a "running" run whose heartbeat is stale belongs to a dead one.
+    # Refreshed by a live tuner; a "running" run whose heartbeat is older than stale_after_s
+    # (its tuner's --stale-after; None: DEFAULT_STALE_AFTER_S) belongs to a dead one.
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
+    stale_after_s: Mapped[float | None] = mapped_column(Float)
 
     gpu: Mapped[GpuRow] = relationship()
     problem: Mapped[ProblemRow] = relationship()

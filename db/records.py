@@ -205,6 +205,8 @@ class Run:
     n_trials: int
     n_ok: int
     best_gflops: float | None
+    heartbeat_at: datetime | None = None  # the tuner's last sign of life
+    stale_after_s: float | None = None  # heartbeat age after which it is dead (None: the default)
 
 
 @dataclass(frozen=True)

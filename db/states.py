@@ -22,6 +22,10 @@ RUN_STATES: tuple[str, ...] = ("running", "finished", "interrupted", "failed")
 # worker once its heartbeat is stale (its worker died).
 JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed")
 
+# A running run or job whose heartbeat is older than this belongs to a dead worker; a run keeps
+# the stale-after time its tuner was started with (gt_runs.stale_after_s), older runs use this.
+DEFAULT_STALE_AFTER_S = 300.0
+
 # A run leaves "running" once, for one of these.
 END_STATES: tuple[str, ...] = tuple(s for s in RUN_STATES if s != "running")
 

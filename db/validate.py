@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .errors import bad_value
@@ -54,6 +55,13 @@ def paging(offset: Any, limit: Any) -> tuple[int, int]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise bad_value("limit", limit, f"an int in 1..{MAX_LIMIT}")
     return offset, limit
+
+
+def stale_after(seconds: Any) -> float:
+    """A heartbeat age after which a worker is taken as dead: positive, finite seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (math.isfinite(seconds) and seconds > 0):
+        raise bad_value("stale_after_s", seconds, "a positive number of seconds")
+    return float(seconds)
 
 
 def text(what: str, value: Any, *, optional: bool = False) -> None:

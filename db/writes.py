@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -16,7 +16,7 @@ from .core import DatabaseCore
 from .errors import InvalidInputError, bad_value
 from .models import (BaselineRow, FamilyRow, GpuRow, ProblemRow, RunRow, TrialRow, utcnow)
 from .records import GpuInfo, TrialRecord
-from .states import END_STATES
+from .states import DEFAULT_STALE_AFTER_S, END_STATES
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -104,8 +104,9 @@ class Writes(DatabaseCore):
 
     def start_run(self, *, gpu_id: int, problem_id: int, family_id: int, sampler: str,
                   seed: int | None, budget: dict[str, Any], host: str, command: str,
-                  study_name: str | None) -> int:
-        """A new run in state "running"; returns its id."""
+                  study_name: str | None, stale_after_s: float | None = None) -> int:
+        """A new run in state "running"; returns its id. stale_after_s: the heartbeat age after
+        which readers take its tuner as dead (None: DEFAULT_STALE_AFTER_S)."""
         validate.text("sampler", sampler)
         validate.text("host", host)
         if not isinstance(command, str):
@@ -114,6 +115,8 @@ class Writes(DatabaseCore):
         validate.json_dict("budget", budget)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise bad_value("seed", seed, "an int or None")
+        if stale_after_s is not None:
+            validate.stale_after(stale_after_s)
         with self._writing() as session:
             for what, model, ident in (("gpu_id", GpuRow, gpu_id),
                                        ("problem_id", ProblemRow, problem_id),
@@ -121,7 +124,7 @@ class Writes(DatabaseCore):
                 _require(session, what, model, ident)
             row = RunRow(gpu_id=gpu_id, problem_id=problem_id, family_id=family_id,
                          sampler=sampler, seed=seed, budget=budget, host=host, command=command,
-                         study_name=study_name, state="running")
+                         study_name=study_name, state="running", stale_after_s=stale_after_s)
             session.add(row)
             session.flush()
             return row.id
@@ -183,24 +186,32 @@ class Writes(DatabaseCore):
             row.heartbeat_at = utcnow()
             return True
 
-    def interrupt_stale_runs(self, stale_after_s: float) -> list[int]:
-        """Mark "interrupted" every running run whose heartbeat is older than stale_after_s
-        seconds: its tuner died without saying so (SIGKILL, power loss). ended_at is set to the
-        last heartbeat, the last moment it was known alive. Returns the ids marked."""
-        if isinstance(stale_after_s, bool) or not isinstance(stale_after_s, (int, float)) \
-                or not stale_after_s > 0:
-            raise bad_value("stale_after_s", stale_after_s, "a positive number of seconds")
-        cutoff = utcnow() - timedelta(seconds=stale_after_s)
-        with self._writing() as session:
-            rows = session.scalars(select(RunRow).where(
-                RunRow.state == "running",
-                or_(RunRow.heartbeat_at < cutoff,
-                    and_(RunRow.heartbeat_at.is_(None), RunRow.started_at < cutoff)),
-            )).all()
+    def interrupt_stale_runs(self, default_stale_after_s: float = DEFAULT_STALE_AFTER_S) -> list[int]:
+        """Mark "interrupted" every running run whose heartbeat is older than its stale-after time
+        (the one its tuner was started with; default_stale_after_s for runs that have none): its
+        tuner died without saying so (SIGKILL, power loss). ended_at is set to the last
+        heartbeat, the last moment it was known alive. Returns the ids marked. Cheap where
+        nothing is stale: one read, and a write only for what it marks."""
+        validate.stale_after(default_stale_after_s)
+        now = utcnow()
+
+        def stale(run: RunRow) -> bool:
+            seen = run.heartbeat_at or run.started_at
+            return seen < now - timedelta(seconds=run.stale_after_s or default_stale_after_s)
+
+        with self._reading() as session:
+            candidates = [run.id for run in session.scalars(select(RunRow).where(RunRow.state == "running"))
+                          if stale(run)]
+        if not candidates:
+            return []
+        with self._writing() as session:  # checked again under the write lock: a beat may have come
+            rows = [run for run in session.scalars(select(RunRow).where(RunRow.id.in_(candidates),
+                                                                          RunRow.state == "running"))
+                    if stale(run)]
             for row in rows:
                 row.state = "interrupted"
                 row.ended_at = row.heartbeat_at or row.started_at
-            return [row.id for row in rows]
+            return sorted(row.id for row in rows)
 
     def add_baseline(self, *, gpu_id: int, problem_id: int, library: str = "cublas",
                      time_median_ms: float, gflops: float, sm_clock_mhz: int | None = None,
@@ -236,3 +247,4 @@ def _aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         raise bad_value("started_at", value, "a timezone-aware datetime (e.g. UTC) or None")
     return value
+

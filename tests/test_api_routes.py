@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+import time
 
 import db
 import kernels
@@ -268,3 +269,23 @@ def test_plotly_is_served_from_the_python_package(client):
     r = client.get("/vendor/plotly.min.js")
     assert r.status_code == 200 and "javascript" in r.headers["content-type"]
     assert len(r.content) > 1_000_000 and b"plotly" in r.content[:2000].lower()
+
+
+def test_a_run_past_its_stale_after_time_is_served_as_interrupted(tmp_path):
+    """The API marks a running run whose heartbeat is older than its own stale-after time
+    interrupted when it is read (its tuner died), in lists, by id and on its page."""
+    with db.open_database(f"sqlite:///{tmp_path / 'stale.sqlite'}") as database:
+        ids = dict(gpu_id=database.ensure_gpu(db.GpuInfo("Some GPU", "GPU-stale", "9.0", 132, 80 << 30, None, None, None, None)),
+                   problem_id=database.ensure_problem(*SHAPE), family_id=database.ensure_family("naive", kernels.FAMILIES["naive"].source_hash))
+        run = dict(sampler="tpe", seed=0, budget={}, host="h", command="c", study_name=None)
+        dead = database.start_run(**ids, **run, stale_after_s=0.3)
+        alive = database.start_run(**ids, **run)  # the default stale-after: 300 s
+        with TestClient(create_app(database, api_token=""), raise_server_exceptions=False) as client:
+            running = {r["id"] for r in client.get("/api/runs", params={"state": "running"}).json()}
+            assert running == {dead, alive}
+            time.sleep(0.5)
+            assert {r["id"] for r in client.get("/api/runs", params={"state": "running"}).json()} == {alive}
+            out = client.get(f"/api/runs/{dead}").json()
+            assert out["state"] == "interrupted" and out["ended_at"] is not None
+            assert "interrupted" in client.get(f"/runs/{dead}").text
+            assert client.get(f"/api/runs/{alive}").json()["state"] == "running"

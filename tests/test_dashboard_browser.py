@@ -247,3 +247,23 @@ def test_running_run_refreshes_as_trials_land(page, browser, server, tuned):
         )
         overview.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
         overview.close()
+
+
+def test_a_run_whose_tuner_died_turns_interrupted_without_another_tuner(page, server, tuned):
+    """A tuner killed with SIGKILL stops its run's heartbeat: once the run's own stale-after
+    time has passed, its page (polling the API) and the API show it interrupted; no tuner has
+    to start for that."""
+    fam = kernels.FAMILIES["naive"]
+    with db.open_database(tuned.url) as database:
+        gpu_id = database.ensure_gpu(db.GpuInfo(STANDIN_GPU, "GPU-00000000-stand-in", "9.0", 132, 80 << 30, 1980,
+                                                "stand-in", "stand-in", "stand-in"))  # fmt: skip
+        run_id = database.start_run(
+            gpu_id=gpu_id, problem_id=database.ensure_problem(*SHAPE), family_id=database.ensure_family(fam.name, fam.source_hash),
+            sampler="tpe", seed=1, budget={"trials": 6}, host="test", command="killed", study_name=None, stale_after_s=4.0,
+        )  # fmt: skip
+    page.goto(f"{server.base}/runs/{run_id}")
+    assert "running" in page.inner_text("#run-state") and page.is_visible("#live-indicator")
+    page.wait_for_function("document.querySelector('#run-state').textContent.includes('interrupted')", timeout=20_000)
+    page.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
+    run = httpx.get(f"{server.base}/api/runs/{run_id}").json()
+    assert run["state"] == "interrupted" and run["ended_at"] is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,13 +47,13 @@ def ok(number: int, gflops: float, **extra) -> db.TrialRecord:
 
 
 def new_run(database: db.Database, *, gpu: db.GpuInfo | None = None, shape=(1024, 1024, 1024),
-            family: str = "warptile", source_hash: str = HASH_V1) -> int:
+            family: str = "warptile", source_hash: str = HASH_V1, stale_after_s: float | None = None) -> int:
     return database.start_run(
         gpu_id=database.ensure_gpu(gpu or gpu_info()),
         problem_id=database.ensure_problem(*shape),
         family_id=database.ensure_family(family, source_hash),
         sampler="tpe", seed=7, budget={"trials": 50}, host="node1",
-        command="python -m tuner --gpu 0", study_name=f"{family}-{shape}",
+        command="python -m tuner --gpu 0", study_name=f"{family}-{shape}", stale_after_s=stale_after_s,
     )
 
 
@@ -120,6 +121,22 @@ def test_run_lifecycle_and_trial_fields_round_trip(database: db.Database) -> Non
     with pytest.raises(db.InvalidInputError, match="already ended as 'finished'"):
         database.finish_run(run_id, "failed")
     assert database.get_run(run_id).state == "finished"
+
+
+def test_a_run_is_stale_after_its_own_stale_after_time(database: db.Database) -> None:
+    """Each run keeps the stale-after time its tuner was started with: a reader marks it
+    interrupted once its heartbeat is older than that, whatever the reader's default."""
+    quick, beating = new_run(database, stale_after_s=0.2), new_run(database, stale_after_s=1.0)
+    patient = new_run(database)  # no stale-after of its own: the default (300 s) applies
+    time.sleep(0.4)
+    assert database.heartbeat_run(beating)
+    assert database.interrupt_stale_runs() == [quick]
+    assert database.interrupt_stale_runs() == []  # marked once
+    dead = database.get_run(quick)
+    assert dead.state == "interrupted" and dead.ended_at is not None
+    assert [database.get_run(r).state for r in (beating, patient)] == ["running", "running"]
+    assert [r.id for r in database.list_runs(state="running")] == sorted([beating, patient], reverse=True)
+    assert database.interrupt_stale_runs(0.1) == [patient]  # the default serves runs without one
 
 
 # ---------------------------------------------------------------- best / top-k / nearest
@@ -349,6 +366,8 @@ def test_bad_arguments_name_the_value_and_nothing_is_written(database: db.Databa
         (lambda: database.start_run(gpu_id=999, problem_id=1, family_id=1, sampler="tpe",
                                     seed=None, budget={}, host="h", command="c",
                                     study_name=None), ["gpu_id", "999", "gt_gpus"]),
+        (lambda: new_run(database, stale_after_s=0), ["stale_after_s", "0", "positive number of seconds"]),
+        (lambda: database.interrupt_stale_runs(float("nan")), ["stale_after_s", "nan"]),
     ]
     for call, names in cases:
         with pytest.raises(db.InvalidInputError) as caught:

@@ -205,7 +205,7 @@ def test_a_single_sqlite_worker_claims_nothing_and_keeps_its_run_alive(recording
     storage.engine.dispose()
     with db.open_database(url) as database:
         [run] = database.list_runs()
-        assert run.state == "finished"
+        assert run.state == "finished" and run.stale_after_s == STALE_AFTER  # its --stale-after
         assert database.interrupt_stale_runs(0.001) == []  # ended runs are never touched
 
 

@@ -972,6 +972,7 @@ class StudyRun:
             gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
             sampler=self.sampler, seed=session.seed, budget=budget.as_dict(),
             host=session.host, command=session.command, study_name=self.name,
+            stale_after_s=session.stale_after_s,
         )
         deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
         run_state, stop_reason = "failed", "error"
