@@ -136,6 +136,13 @@ def test_budget_is_the_time_the_studies_share_and_timeout_bounds_each_instead():
     assert timed.total_seconds() is None and timed.study_budget().timeout_s == 9
 
 
+def test_the_commands_stale_after_default_is_the_databases():
+    import db
+    from tuner.run.options import DEFAULT_STALE_AFTER_S
+
+    assert DEFAULT_STALE_AFTER_S == db.DEFAULT_STALE_AFTER_S
+
+
 def test_the_command_parses_before_the_heavy_imports():
     """A live run starts its GPU process after parsing and imports Optuna and SQLAlchemy while
     that process starts CUDA (tuner.run.tune.live_main): parsing must not import them."""
