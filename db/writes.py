@@ -247,4 +247,3 @@ def _aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         raise bad_value("started_at", value, "a timezone-aware datetime (e.g. UTC) or None")
     return value
-
