@@ -67,11 +67,16 @@ def test_operands_at_4_byte_aligned_addresses_with_odd_leading_dims(cp, config, 
     assert relative_error(cp.asnumpy(dc), ref) < tolerance(k)
 
 
+# The bar wgmma meets today (at most 1.21x on these kinds); bench/accuracy.py's target, 1.0x on
+# every kind, is issue 60's and not met yet (docs/kernels.md, "Accuracy (bench/accuracy.py)").
+TWICE_CUBLAS = 2.0
+
+
 @pytest.mark.parametrize("asplit", [0, 1])
 @pytest.mark.parametrize("kind", ["uniform", "normal", "wide"])
 def test_error_at_most_twice_cublas_fp32(cp, kind, asplit):
     accuracy = _accuracy()
     config = dict(FAMILY.starting_points[0], ASPLIT=asplit)
-    row = accuracy.measure(kind, 1024, 1024, 4096, seed=7, configs={"wgmma": config})
+    row = accuracy.measure(kind, 1024, 1024, 4096, {"wgmma": config}, seed=7)
     r = accuracy.ratios(row, "wgmma")
-    assert max(r.values()) <= accuracy.TARGET_RATIO, row
+    assert max(r.values()) <= TWICE_CUBLAS, row
