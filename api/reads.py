@@ -239,7 +239,6 @@ class Reads:
         self.db.interrupt_stale_runs()
 
     def get_run(self, run_id: int) -> db.Run:
-        self.settle_runs()
         try:
             return self.db.get_run(run_id)
         except db.UnknownRunError:
@@ -256,6 +255,7 @@ class Reads:
         return [self.run_out(r, with_counts=False) for r in found]
 
     def run(self, run_id: int) -> s.RunOut:
+        self.settle_runs()
         return self.run_out(self.get_run(run_id), with_counts=True)
 
     def trial_page(self, run_id: int, state: str | None, offset: int, limit: int) -> s.TrialPage:

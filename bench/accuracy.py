@@ -84,13 +84,6 @@ def fp32_families(arch: str, names: list[str] | None = None) -> dict[str, kernel
     return {name: f for name, f in offered.items() if not names or name in names}
 
 
-def first_config(family: kernels.Family, arch: str, seed: int = 0) -> dict[str, int]:
-    """The family's first starting point, or the first config of a seeded sample of its space."""
-    if family.starting_points:
-        return dict(family.starting_points[0])
-    return family.sample_accepted(1, seed=seed, arch=arch)[0]
-
-
 def errors(out: Any, ref: Any, absprod: Any) -> dict[str, float]:
     """Relative Frobenius error and the largest component-wise error (cupy arrays, float64)."""
     import cupy as cp
@@ -181,7 +174,7 @@ def main() -> int:
         families = fp32_families(arch, args.family or None)
     except ValueError as error:
         parser.error(f"argument --family: {error}")
-    configs = {name: first_config(f, arch, args.seed) for name, f in families.items()}
+    configs = {name: f.first_config(arch, args.seed) for name, f in families.items()}
     for item in args.set:
         try:
             name, assignment = item.split(":", 1)

@@ -279,6 +279,13 @@ class Family:
             _ACCEPTED[key] = list(enumerate_accepted(self, arch))
         return _ACCEPTED[key]
 
+    def first_config(self, arch: str = "sm_90", seed: int = 0) -> dict[str, int]:
+        """A config to run when any will do: the first starting point, or where the family has
+        none the first of a seeded sample of its accepted configs."""
+        if self.starting_points:
+            return dict(self.starting_points[0])
+        return self.sample_accepted(1, seed=seed, arch=arch)[0]
+
     def sample_accepted(self, count: int, seed: int = 0, arch: str = "sm_90") -> list[dict[str, int]]:
         """Uniform sample (without replacement) of accepted configs."""
         pool = self.accepted_configs(arch)

@@ -72,7 +72,7 @@ def test_every_fp32_class_family_offered_is_measured_with_an_accepted_config(acc
     assert set(on_hopper) == set(allowed_families("fp32")) and "wgmma" in on_hopper and "naive" in on_hopper
     assert "wgmma" not in accuracy.fp32_families("sm_80")
     for name, family in on_hopper.items():
-        config = accuracy.first_config(family, "sm_90")
+        config = family.first_config("sm_90")
         assert family.accepts(config, "sm_90"), name
         if family.starting_points:
             assert config == dict(family.starting_points[0])

@@ -169,7 +169,7 @@ def test_batches_and_the_bias_are_separate_programs(tmp_path):
     jobs = []
     for i, (name, fam) in enumerate(sorted(FAMILIES.items())):
         arch = "sm_90" if fam.offered_on("sm_90") else "sm_80"
-        config = dict(fam.starting_points[0]) if fam.starting_points else fam.sample_accepted(1, seed=1, arch=arch)[0]
+        config = fam.first_config(arch, seed=1)
         jobs.append((name, config, arch, LAYOUTS[i % len(LAYOUTS)], str(tmp_path)))
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for job, registers in zip(jobs, pool.map(_compile_kinds, jobs)):

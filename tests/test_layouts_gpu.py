@@ -27,7 +27,7 @@ def _configs(name: str) -> list[dict[str, int]]:
     """One or two configs per family: its first starting point (or a fixed sample), and for the
     families that slice K or split A in the kernel, the other variant too."""
     fam = get_family(name)
-    first = dict(fam.starting_points[0]) if fam.starting_points else fam.sample_accepted(1, seed=3)[0]
+    first = fam.first_config(seed=3)
     configs = [first]
     if "SPLITK" in first:
         sliced = [dict(c) for c in fam.starting_points if c["SPLITK"] > 1]
