@@ -147,10 +147,10 @@ def flops(workload: dict) -> dict[tuple, int]:
             for p in workload["problems"]}
 
 
-def served_share(torch, workload: dict, source: str, extra: int) -> float:
+def served_share(torch, workload: dict, source: str, extra: int) -> tuple[float, list[str]]:
     """The share of the workload's GEMM FLOPs (plus `extra` FLOPs never served) that the switch
-    runs on tuned kernels, by its own decision per problem."""
-    total, served = extra, 0
+    runs on tuned kernels, by its own decision per problem, and the problems it leaves to torch."""
+    total, served, left = extra, 0, []
     device = torch.device("cuda")
     for key, f in flops(workload).items():
         m, n, k, layout, batch = key
@@ -163,7 +163,9 @@ def served_share(torch, workload: dict, source: str, extra: int) -> float:
             b = b.transpose(-1, -2).contiguous().transpose(-1, -2)
         if torchpath.would_run(a, b, "fp32", source):
             served += f
-    return served / total if total else 0.0
+        else:
+            left.append(f"{batch}x{m}x{n}x{k}:{layout}" if batch > 1 else f"{m}x{n}x{k}:{layout}")
+    return (served / total if total else 0.0), left
 
 
 def main() -> None:
@@ -249,7 +251,7 @@ def main() -> None:
                          "gemmtune": {"output": tuned_err[0], "gradient": tuned_err[1]},
                          "ratio_output": tuned_err[0] / torch_err[0], "ratio_gradient": tuned_err[1] / torch_err[1]}
         # (5) GEMM FLOPs served
-        row["served_share"] = served_share(torch, workload, source, attention_flops(name)[1])
+        row["served_share"], row["left_to_torch"] = served_share(torch, workload, source, attention_flops(name)[1])
         results.append(row)
         print_row(row)
         write(args, gpu, torch, results)
@@ -274,6 +276,8 @@ def print_row(r: dict) -> None:
               f"{t['speedup_vs_fp32']:>6.2f} {t['speedup_vs_tf32']:>6.2f}  {t['routed_calls']:>7} "
               f"{r['served_share']:>11.1%} {e['gemmtune']['output']:>9.2e} ({e['torch_fp32']['output']:.2e}) "
               f"{e['gemmtune']['gradient']:>9.2e} ({e['torch_fp32']['gradient']:.2e})", flush=True)
+    if r.get("left_to_torch"):
+        print(f"{r['model']}: left to torch (no tuned kernel beats cuBLAS): {', '.join(r['left_to_torch'])}")
 
 
 def write(args, gpu: str, torch, results: list) -> Path:
