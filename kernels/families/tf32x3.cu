@@ -69,11 +69,13 @@ __device__ __forceinline__ void load_tile_async(float* S, const float* G, int ld
     }
 }
 
-// big keeps the top 10 mantissa bits (truncation: one LOP, where cvt.rna costs four instructions),
-// small = x - big exactly. The tensor core truncates small to TF32 and the product small*small is
-// dropped: both below 2^-21 relative per product, far inside the FP32 error bound.
+// big = x rounded to the nearest TF32 (ties away from zero, as cvt.rna: add half a TF32 unit to
+// the magnitude bits, then drop the low 13; two integer instructions where cvt.rna compiles to
+// four), small = x - big exactly. Rounded, small takes either sign, so the tensor core's
+// truncation of small and the dropped small*small term err both ways instead of always toward
+// zero (docs/kernels.md, "Truncated splits" and "Accuracy: FLUSH and round-to-nearest splits").
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = __float_as_uint(x) & 0xffffe000u;
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));
 }
 
