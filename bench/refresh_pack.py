@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         with db.open_database(args.db) as database:
             found = database.best(model, e["m"], e["n"], e["k"], family=e["family"], nearest=False,
                                   source_hash=installed)
-        same = found is not None and {k: int(v) for k, v in found.params.items()} == e["config"]
+        family = kernels.get_family(e["family"])
+        same = found is not None and family.completed(found.params) == family.completed(e["config"])
         print(f"{shape:>15} {e['family']:9} {'same config' if same else 'OTHER CONFIG'}  "
               f"{e['gflops']:9.0f} → {found.gflops if found else 0:9.0f} GFLOP/s", flush=True)
         if not same:

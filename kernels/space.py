@@ -52,6 +52,10 @@ class Param:
     # Passed to the kernel when it is launched (the `splits` and `raster` arguments), not
     # compiled into its program: configs that differ only in such values share one CUBIN.
     launch_time: bool = False
+    # For a parameter added to a family later: the value that configs stored before it existed
+    # ran with, so that they are read as that (warm starts, pack refreshes); None where there
+    # were none.
+    before: int | None = None
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,12 @@ class Family:
         if key not in _ACCEPTED:
             _ACCEPTED[key] = list(enumerate_accepted(self, arch))
         return _ACCEPTED[key]
+
+    def completed(self, config: Config) -> dict[str, int]:
+        """``config`` with every parameter it lacks that has a ``before`` value set to it: a
+        config stored before that parameter was added, as the family runs it now."""
+        return {**{p.name: p.before for p in self.params if p.before is not None and p.name not in config},
+                **{name: int(value) for name, value in config.items()}}
 
     def first_config(self, arch: str = "sm_90", seed: int = 0) -> dict[str, int]:
         """A config to run when any will do: the first starting point, or where the family has

@@ -1,6 +1,8 @@
 """A family's declared starting points: accepted everywhere, and measured first by a fresh study."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import db
 import kernels
 import optuna
@@ -12,6 +14,7 @@ from tuner.search.study import Budget, Session, run_study
 from tuner.search.warmstart import warm_start_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[1]
 WITH_POINTS = [f for f in kernels.FAMILIES.values() if f.starting_points]
 
 
@@ -67,3 +70,22 @@ def test_stored_results_come_before_the_starting_points(database):
     assert configs[0] == tuned.best_config
     points = [dict(p) for p in family.starting_points]
     assert len(configs) == len(points) + (tuned.best_config not in points)
+
+
+def test_a_config_stored_before_a_parameter_existed_starts_as_it_ran(database):
+    """The committed pack's H200 wgmma entries predate ASPLIT (declared with before=0): they are
+    warm-started as ASPLIT=0, not dropped as configs the family no longer names."""
+    from gemmtune.pack import import_pack, read_pack
+
+    pack = read_pack(ROOT / "examples" / "pack-h100-h200.json")
+    import_pack(pack, database, source="pack-h100-h200.json")
+    family = kernels.get_family("wgmma")
+    h100 = {(e["m"], e["n"], e["k"]): e["config"] for e in pack["entries"]
+            if e["gpu"] == "NVIDIA H100 80GB HBM3" and e["family"] == "wgmma"}
+    # one whose shape the H100 tuned to another config (else its warm start would hide the fault)
+    old = next(e for e in pack["entries"]
+               if e["gpu"] == "NVIDIA H200" and e["family"] == "wgmma" and "ASPLIT" not in e["config"]
+               and h100[e["m"], e["n"], e["k"]] != {**e["config"], "ASPLIT": 0})
+    configs = warm_start_configs(database, "NVIDIA H200", family, Problem(old["m"], old["n"], old["k"]))
+    assert configs[0] == {**old["config"], "ASPLIT": 0}
+    assert family.completed({"ASPLIT": 1, **old["config"]})["ASPLIT"] == 1  # a stored value stays

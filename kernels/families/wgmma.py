@@ -75,7 +75,7 @@ class Wgmma(Family):
         Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
         RASTER,
         Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
-                                "memory by the consumers (1)"),
+                                "memory by the consumers (1)", before=0),
     )
     constraints = (
         Constraint("accumulators and fragments (MW*(BM+32) + 32 registers) must fit the consumer's "

@@ -30,7 +30,7 @@ def warm_start_configs(
     def consider(result: Any) -> None:
         if result is None:
             return
-        config = {name: int(value) for name, value in result.params.items()}
+        config = family.completed(result.params)  # stored before a parameter was added: as it ran
         if config in found or not space.representable(family, config):
             return
         try:
