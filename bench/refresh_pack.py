@@ -9,6 +9,7 @@ this GPU's model tuned with another source version, runs the tuner's own command
 family and shape with one measured trial (`python -m tuner --trials 1`): its warm start puts
 the same shape's stored best, the pack's config, first. Run it on one host per GPU model
 against the same database, then `--out` writes the pack of everything installed that it holds.
+A refresh cut short resumes: entries the database already holds re-measured are not run again.
 """
 from __future__ import annotations
 
@@ -44,6 +45,17 @@ def pack_imported(database: db.Database) -> bool:
     return False
 
 
+def measured(url: str, model: str, entry: dict, family: kernels.Family, any_config: bool = False):
+    """The database's best result for the entry's shape under the installed source of its family
+    (only if it is the entry's own config, unless any_config), or None."""
+    with db.open_database(url) as database:
+        found = database.best(model, entry["m"], entry["n"], entry["k"], family=family.name, nearest=False,
+                              source_hash=family.source_hash)
+    if found is None or any_config or family.completed(found.params) == family.completed(entry["config"]):
+        return found
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", required=True, metavar="URL", help="results database the re-measured runs go to")
@@ -61,17 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{model}: {len(todo)} entries to re-measure", flush=True)
     for e in todo:
         shape = f"{e['m']}x{e['n']}x{e['k']}"
-        command = [sys.executable, "-m", "tuner", "--gpu", str(args.gpu), "--db", args.db, "--kernel", e["family"],
-                   "--shape", shape, "--trials", "1"]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
-            return done.returncode
-        installed = kernels.get_family(e["family"]).source_hash
-        with db.open_database(args.db) as database:
-            found = database.best(model, e["m"], e["n"], e["k"], family=e["family"], nearest=False,
-                                  source_hash=installed)
         family = kernels.get_family(e["family"])
+        if measured(args.db, model, e, family) is None:  # else a cut-short refresh got this far
+            command = [sys.executable, "-m", "tuner", "--gpu", str(args.gpu), "--db", args.db, "--kernel",
+                       e["family"], "--shape", shape, "--trials", "1"]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode:
+                sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
+                return done.returncode
+        found = measured(args.db, model, e, family, any_config=True)
         same = found is not None and family.completed(found.params) == family.completed(e["config"])
         print(f"{shape:>15} {e['family']:9} {'same config' if same else 'OTHER CONFIG'}  "
               f"{e['gflops']:9.0f} → {found.gflops if found else 0:9.0f} GFLOP/s", flush=True)
