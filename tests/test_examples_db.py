@@ -106,9 +106,6 @@ def test_a_pack_without_gpu_records_is_refused_and_nothing_is_stored(tmp_path: P
         assert database.list_gpus() == [] and database.list_runs() == []
 
 
-@pytest.mark.xfail(strict=True, reason="every family's source changed with layouts, batches and the bias "
-                   "epilogue; the pack awaits bench/refresh_pack.py on an H100 and an H200 (then this passes "
-                   "and the mark must go)")
 def test_the_committed_pack_was_measured_with_the_installed_kernel_sources() -> None:
     # A pack entry of another source version is skipped by gemmtune.matmul ("other version"):
     # a change to a family's source (comments included) must come with the pack re-measured

@@ -73,7 +73,7 @@ __device__ __forceinline__ void load_tile_async(float* S, const float* G, int ld
 // the magnitude bits, then drop the low 13; two integer instructions where cvt.rna compiles to
 // four), small = x - big exactly. Rounded, small takes either sign, so the tensor core's
 // truncation of small and the dropped small*small term err both ways instead of always toward
-// zero (docs/kernels.md, "Truncated splits" and "Accuracy: FLUSH and round-to-nearest splits").
+// zero (docs/kernels.md, "Round-to-nearest splits (formerly truncated)").
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));
