@@ -62,6 +62,9 @@ def test_help_explains_every_option():
         (["--budget", "60", "--timeout", "5"], ["--timeout", "not allowed with", "--budget"]),
         (["--patience", "-1"], ["--patience", "0 or more"]),
         (["--sampler", "annealing"], ["annealing", "tpe", "gp", "cmaes", "random"]),
+        (["--gpus", "0,0"], ["'0,0'", "distinct", "'all'"]),
+        (["--gpus", "first"], ["'first'", "0,1", "'all'"]),
+        (["--gpu", "1", "--gpus", "0,1"], ["--gpus", "not allowed with", "--gpu"]),
     ],
 )
 def test_bad_input_exits_2_naming_what_was_wrong_and_what_is_allowed(argv, wanted, capsys):
@@ -292,3 +295,18 @@ def test_the_start_up_prior_compiles_into_the_cache_folder_given(tmp_path, monke
     cached = [p for p in cache.rglob("*") if p.is_file()]
     assert len(cached) > len(evaluator.calls), "the prior's compiles did not reach --cache"
     assert not [p for p in (tmp_path / "xdg").rglob("*") if p.is_file()]
+
+
+def test_all_gpus_of_a_host_tune_as_one_search(tmp_path):
+    """--gpus all on the stand-in driver's two GPUs: one command, one run, its budget measured
+    once between them (real NVRTC compiles, a stand-in GPU child per device)."""
+    results = tmp_path / "results.sqlite"
+    env = {**isolated_env(tmp_path), "GEMMTUNE_GPU_BACKEND": "tuner.testing", "GEMMTUNE_STANDIN_GPUS": "2"}
+    result = run_tuner("--gpus", "all", "--kernel", "naive", "--shape", "96x64x32", "--trials", "6",
+                       "--workers", "2", "--db", str(results), env=env, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "2 GPUs (0, 1; " in result.stderr and "measure for one search" in result.stderr
+    assert "Best kernel per shape" in result.stdout
+    with db.open_database(str(results)) as database:
+        (run,) = database.list_runs()
+        assert run.state == "finished" and run.n_ok == 6

@@ -132,13 +132,13 @@ def test_a_fault_while_another_candidate_waits_in_the_queue(planted_evaluator):
         before = evaluator.replacements
         bad = evaluator.submit(PLANTED, {"MODE": planted}, SMALL)
         queued = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)
-        assert len(evaluator._queued) == 2  # both with the child before either is answered
+        assert len(evaluator.lanes[0].queued) == 2  # both with the child before either is answered
         assert evaluator.collect(bad).state == state
         assert evaluator.replacements == before + 1
         behind = evaluator.collect(queued)
         assert behind.state == "ok"
         assert (behind.gflops, behind.time_median_ms) == (alone.gflops, alone.time_median_ms)
-    assert not evaluator._queued
+    assert not evaluator.lanes[0].queued
 
 
 def test_answers_read_ahead_of_their_collect_are_kept(planted_evaluator):
@@ -149,6 +149,52 @@ def test_answers_read_ahead_of_their_collect_are_kept(planted_evaluator):
     broken = evaluator.submit(PLANTED, {"MODE": PLANTED_COMPILE_ERROR}, SMALL)
     second = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)
     evaluator.set_problem(Problem(32, 32, 32))
-    assert not evaluator._queued
+    assert not evaluator.lanes[0].queued
     assert [evaluator.collect(t).state for t in (second, broken, first)] == [
         "ok", "compile_error", "ok"]
+
+
+def test_two_gpus_are_one_evaluator_each_candidate_on_the_less_busy_one(tmp_path):
+    """Several GPUs of one host (--gpus): one compile pool, a GPU child per device; candidates go
+    to the GPU with the fewest waiting, every answer returns to its own ticket, and the batch the
+    search keeps in flight grows by a queue per GPU."""
+    with LiveEvaluator([0, 1], cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       backend_options={"measure_s": 0.05}) as evaluator:
+        assert evaluator.devices == [0, 1]
+        assert evaluator.batch == 1 + 2 * evaluator.queue_depth
+        assert len({lane.child.process.pid for lane in evaluator.lanes}) == 2
+        alone = evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL)
+        tickets = [evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL) for _ in range(5)]
+        assert [t.lane.child.device for t in tickets] == [0, 1, 0, 1, 0]
+        answers = [evaluator.collect(t) for t in reversed(tickets)]
+        assert all((a.state, a.gflops) == ("ok", alone.gflops) for a in answers)
+        assert not any(lane.queued for lane in evaluator.lanes)
+
+
+def test_a_fault_on_one_gpu_replaces_only_that_gpus_process(tmp_path):
+    cache = tmp_path / "cubins"
+    faults = {cubin_digest(PLANTED_ILLEGAL_ADDRESS, cache): "fault"}
+    with LiveEvaluator([0, 1], cache_dir=cache, workers=1, trial_timeout_s=TRIAL_TIMEOUT_S,
+                       backend="tuner.testing", backend_options={"faults": faults}) as evaluator:
+        evaluator.set_problem(SMALL)
+        pids = [lane.child.process.pid for lane in evaluator.lanes]
+        first = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)  # GPU 0
+        bad = evaluator.submit(PLANTED, {"MODE": PLANTED_ILLEGAL_ADDRESS}, SMALL)  # GPU 1
+        behind = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)  # GPU 0
+        after_bad = evaluator.submit(PLANTED, {"MODE": PLANTED_OK}, SMALL)  # GPU 1, behind the fault
+        assert evaluator.collect(bad).state == "crashed"
+        assert [evaluator.collect(t).state for t in (first, behind, after_bad)] == ["ok"] * 3
+        assert evaluator.replacements == 1
+        assert evaluator.lanes[0].child.process.pid == pids[0] != pids[1] != evaluator.lanes[1].child.process.pid
+
+
+def test_all_gpus_are_those_the_first_gpu_process_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMTUNE_STANDIN_GPUS", "3")  # the stand-in driver's count, read by its child
+    with LiveEvaluator("all", cache_dir=tmp_path, workers=1, backend="tuner.testing") as evaluator:
+        assert evaluator.devices == [0, 1, 2]
+        assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
+
+
+def test_devices_must_be_distinct():
+    with pytest.raises(ValueError, match="distinct"):
+        LiveEvaluator([0, 0], backend="tuner.testing")

@@ -51,6 +51,14 @@ def probe() -> str | None:
     return None
 
 
+def device_count() -> int:
+    """How many GPUs the driver sees (after ``probe`` found it usable)."""
+    from cuda.bindings import driver
+
+    err, count = driver.cuDeviceGetCount()
+    return count if err == driver.CUresult.CUDA_SUCCESS else 0
+
+
 # ---- cuBLAS through ctypes (the GPU host ships it; kept out of the core dependencies) --------
 CUDA_R_32F, CUDA_R_64F = 0, 1
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F = 68, 70

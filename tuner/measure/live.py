@@ -7,6 +7,11 @@ is recorded as crashed / timeout, and the child is replaced and given the proble
 Requests are asynchronous (``submit`` / ``collect``, issue 19): up to ``QUEUE_DEPTH`` candidates
 wait in the child's pipe, answered in order. A failure of the one being measured replaces the
 child and hands the ones queued behind it, unmeasured, to the new child.
+
+Several GPUs of one host (``device`` a list, or "all") are one evaluator: one compile pool, and
+one GPU child per device (a *lane*); each candidate goes to the lane with the fewest waiting, so
+the search asks as one search with a batch as many times larger (docs/fleet.md, "Several GPUs
+in one command").
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ def _child_main(conn: Connection, backend: str, device: int, options: dict[str, 
             conn.send(("unavailable", reason))
             return
         bench = gpu.GpuBench(device, **options)
-        conn.send(("ready", {"info": bench.info(), "arch": bench.arch()}))
+        conn.send(("ready", {"info": bench.info(), "arch": bench.arch(), "devices": gpu.device_count()}))
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -134,6 +139,7 @@ class GpuChild:
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
         self.arch = ""
+        self.devices = 0  # how many GPUs the child's driver sees
         # Messages go out through a thread: a CUBIN larger than the pipe's buffer would block
         # the main thread until the child, busy measuring, reads it.
         self._outbox: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
@@ -170,7 +176,7 @@ class GpuChild:
         if kind != "ready":
             self.stop()
             raise RuntimeError(f"the GPU process failed to start:\n{payload}")
-        self.info, self.arch = payload["info"], payload["arch"]
+        self.info, self.arch, self.devices = payload["info"], payload["arch"], payload["devices"]
 
     def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
         assert self.conn is not None and self.process is not None
@@ -295,6 +301,7 @@ class Ticket:
     common: dict[str, Any] = field(default_factory=dict)
     posted_at: float = 0.0
     answer: Measurement | None = None
+    lane: _Lane | None = None  # the GPU it was posted to
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -433,12 +440,26 @@ class CompilePool:
 # ------------------------------------------------------------------ the evaluator
 
 
+ALL_DEVICES = "all"
+
+
+@dataclass
+class _Lane:
+    """One GPU of the evaluator: its child process and the tickets posted to it, not yet
+    answered, in order."""
+
+    child: GpuChild
+    queued: deque[Ticket] = field(default_factory=deque)
+    answered_at: float = 0.0  # when the child's last answer was read
+
+
 class LiveEvaluator:
-    """Evaluator on a real GPU (or, with ``backend="tuner.testing"``, on the CPU stand-in)."""
+    """Evaluator on a real GPU (or, with ``backend="tuner.testing"``, on the CPU stand-in), or
+    on several GPUs of one host."""
 
     def __init__(
         self,
-        device: int = 0,
+        device: int | Iterable[int] | str = 0,
         *,
         cache_dir: Path | str | None = None,
         workers: int | None = None,
@@ -449,39 +470,74 @@ class LiveEvaluator:
         queue_depth: int = QUEUE_DEPTH,
         wait: bool = True,
     ) -> None:
-        """Starts the GPU child and the compile processes. ``wait``: return once they are
-        ready (raising GpuUnavailable or RuntimeError where the child cannot measure); else at
-        once, and ``wait_started`` does that later (the caller imports meanwhile)."""
+        """Starts the GPU children and the compile processes. ``device``: a CUDA device index,
+        several (one child each), or ``"all"`` (every GPU the first child's driver sees).
+        ``wait``: return once they are ready (raising GpuUnavailable or RuntimeError where a
+        child cannot measure or the GPUs are of several models); else at once, and
+        ``wait_started`` does that later (the caller imports meanwhile)."""
         self.trial_timeout_s = trial_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.queue_depth = max(1, queue_depth)
         self.phases = Phases()  # the command's one accumulator (the study run adds its own)
-        self.child = GpuChild(device, backend, backend_options or {})
-        # the compile processes start while the GPU child does (part of the one-time start)
+        self._backend, self._backend_options = backend, backend_options or {}
+        self._count_devices = device == ALL_DEVICES
+        if self._count_devices:
+            devices = [0]
+        elif isinstance(device, int):
+            devices = [device]
+        else:
+            devices = list(device)  # type: ignore[arg-type]
+        if not devices or len(set(devices)) != len(devices):
+            raise ValueError(f"devices must be distinct CUDA device indices, got {devices}")
+        self.lanes = [_Lane(GpuChild(d, backend, self._backend_options)) for d in devices]
+        # the compile processes start while the GPU children do (part of the one-time start)
         self.pool = CompilePool(None, cache_dir, workers or default_workers())
         self.problem: Problem | None = None
         self.replacements = 0
         self._compiles: dict[tuple, Future[_Compiled]] = {}
-        self._queued: deque[Ticket] = deque()  # posted to the child, not yet answered, in order
-        self._answered_at = 0.0  # when the child's last answer was read
         self._warming: list[Future[int]] | None = None  # None once started
         try:
             self._warming = self.pool.start()
-            self.child.launch()
+            for lane in self.lanes:
+                lane.child.launch()
         except BaseException:
             self.close()
             raise
         if wait:
             self.wait_started()
 
+    @property
+    def child(self) -> GpuChild:
+        """The first GPU's child: the GPU model and the cuBLAS baseline come from it."""
+        return self.lanes[0].child
+
+    @property
+    def devices(self) -> list[int]:
+        return [lane.child.device for lane in self.lanes]
+
     def wait_started(self) -> None:
-        """Wait until the GPU child is ready and every compile process has started (at once
-        after the first time); a child that cannot measure raises GpuUnavailable or
-        RuntimeError, and the evaluator is closed."""
+        """Wait until the GPU children are ready and every compile process has started (at
+        once after the first time); a child that cannot measure raises GpuUnavailable or
+        RuntimeError, as do GPUs of several models, and the evaluator is closed."""
         if self._warming is None:
             return
         try:
             self.child.wait_ready(self.setup_timeout_s)
+            if self._count_devices:  # the first child counted the GPUs: a lane for each other
+                self._count_devices = False
+                more = [_Lane(GpuChild(d, self._backend, self._backend_options))
+                        for d in range(1, self.child.devices)]
+                self.lanes += more
+                for lane in more:
+                    lane.child.launch()
+            for lane in self.lanes[1:]:
+                lane.child.wait_ready(self.setup_timeout_s)
+            models = {lane.child.device: lane.child.info.get("name") for lane in self.lanes}
+            if len(set(models.values())) > 1:
+                raise RuntimeError(
+                    "one command tunes one GPU model, and these are several: "
+                    + ", ".join(f"GPU {d} is {name}" for d, name in models.items())
+                    + "; name the GPUs of one model, and tune the others with a command of their own")
             self.pool.arch = self.child.arch
             for future in self._warming:
                 future.result()
@@ -493,8 +549,8 @@ class LiveEvaluator:
     @property
     def batch(self) -> int:
         """How many candidates the search should keep in flight: one compiling per worker
-        besides those queued with the GPU child, so compiles run ahead of the GPU."""
-        return self.pool.workers + self.queue_depth
+        besides those queued with the GPU children, so compiles run ahead of the GPUs."""
+        return self.pool.workers + self.queue_depth * len(self.lanes)
 
     def info(self) -> dict[str, Any]:
         return dict(self.child.info)
@@ -507,11 +563,14 @@ class LiveEvaluator:
             return  # inputs and the float64 reference are already in place
         self._drain()
         with self.phases.timed(SETUP):
-            self.child.request(("problem", problem.m, problem.n, problem.k, 0, problem.layout, problem.batch),
-                               self.setup_timeout_s, f"preparing problem {problem.shape}")
+            for lane in self.lanes:  # every GPU builds its inputs at the same time
+                lane.child.post(_problem_request(problem))
+            for lane in self.lanes:
+                lane.child.answer(self.setup_timeout_s, f"preparing problem {problem.shape}")
         self.problem = problem
 
     def baseline(self) -> Baseline:
+        """cuBLAS on the first GPU: the study's one baseline, whichever GPU measured a config."""
         self._drain()
         with self.phases.timed(SETUP):
             result = self.child.request(("baseline",), self.setup_timeout_s, "timing cuBLAS")
@@ -591,54 +650,57 @@ class LiveEvaluator:
         m, n, k = problem.m, problem.n, problem.k
         ticket = Ticket(("evaluate", compiled.cubin, family.launches(config, m, n, k),
                          family.workspace_bytes(config, m, n, k), family.flops(m, n, k)), common)
+        lane = min(self.lanes, key=lambda lane: len(lane.queued))  # the first among equals
+        ticket.lane = lane
         with self.phases.timed(GPU_SEND):
-            self._post(ticket)
-        self._queued.append(ticket)
+            self._post(lane, ticket)
+        lane.queued.append(ticket)
         return ticket
 
     def collect(self, ticket: Ticket) -> Measurement:
-        """The measurement of a submitted candidate (blocks until the child answers it)."""
+        """The measurement of a submitted candidate (blocks until its GPU's child answers it)."""
         while ticket.answer is None:
-            assert self._queued, "a ticket of another evaluator"
-            # answers come in order: one read ahead of its collect is kept on its ticket
-            head = self._queued[0]
-            head.answer = self._answer(head)
+            lane = ticket.lane
+            assert lane is not None and lane.queued, "a ticket of another evaluator"
+            # answers come in order per GPU: one read ahead of its collect is kept on its ticket
+            head = lane.queued[0]
+            head.answer = self._answer(lane, head)
         return ticket.answer
 
-    def _post(self, ticket: Ticket) -> None:
+    def _post(self, lane: _Lane, ticket: Ticket) -> None:
         assert ticket.request is not None
         ticket.posted_at = time.monotonic()
-        self.child.post(ticket.request)
+        lane.child.post(ticket.request)
 
-    def _answer(self, ticket: Ticket) -> Measurement:
-        """Read the answer to the oldest queued ticket. Its time limit runs from when the child
-        could start on it: its posting, or the answer before it, whichever came later."""
-        started = max(ticket.posted_at, self._answered_at)
+    def _answer(self, lane: _Lane, ticket: Ticket) -> Measurement:
+        """Read the answer to the lane's oldest queued ticket. Its time limit runs from when the
+        child could start on it: its posting, or the answer before it, whichever came later."""
+        started = max(ticket.posted_at, lane.answered_at)
         remaining = max(0.0, started + self.trial_timeout_s - time.monotonic())
         common = ticket.common
         try:
             with self.phases.timed(GPU_WAIT):
-                result = self.child.answer(remaining, "evaluating a candidate")
+                result = lane.child.answer(remaining, "evaluating a candidate")
         except ChildTimeout:
             why = (f"GPU process gave no answer within {self.trial_timeout_s:g} s while "
                    "evaluating a candidate")
-            self._queued.popleft()
-            self._replace_child(why)
+            lane.queued.popleft()
+            self._replace_child(lane, why)
             return Measurement(state=TIMEOUT, error=f"{why}; the GPU process was replaced",
                                **common)
         except (ChildFault, ChildCrashed) as error:
-            self._queued.popleft()
-            self._replace_child(str(error))
+            lane.queued.popleft()
+            self._replace_child(lane, str(error))
             return Measurement(state=CRASHED, error=f"{error}; the GPU process was replaced",
                                **common)
         except RuntimeError as error:  # the bench itself raised: keep the text, start clean
-            self._queued.popleft()
-            self._replace_child("unexpected error in the GPU process")
+            lane.queued.popleft()
+            self._replace_child(lane, "unexpected error in the GPU process")
             return Measurement(state=CRASHED, error=str(error), **common)
-        self._queued.popleft()
-        self._answered_at = time.monotonic()
+        lane.queued.popleft()
+        lane.answered_at = time.monotonic()
         self.phases.add_child(result.get("phases"), result.get("kernel_s"),
-                              self._answered_at - ticket.posted_at, result.get("span"))
+                              lane.answered_at - ticket.posted_at, result.get("span"))
         return Measurement(
             state=result["state"], error=result.get("error"),
             time_min_ms=result.get("time_min_ms"), time_median_ms=result.get("time_median_ms"),
@@ -648,35 +710,42 @@ class LiveEvaluator:
 
     def _drain(self) -> None:
         """Read every queued answer (kept on its ticket) before a synchronous request."""
-        while self._queued:
-            head = self._queued[0]
-            head.answer = self._answer(head)
+        for lane in self.lanes:
+            while lane.queued:
+                head = lane.queued[0]
+                head.answer = self._answer(lane, head)
 
-    def _replace_child(self, why: str) -> None:
-        log.warning("replacing the GPU process: %s", why.splitlines()[0] if why else why)
+    def _replace_child(self, lane: _Lane, why: str) -> None:
+        log.warning("replacing the GPU process of GPU %d: %s", lane.child.device,
+                    why.splitlines()[0] if why else why)
         with self.phases.timed(REPLACE):
-            self.child.stop()
-            self.child.start(self.setup_timeout_s)
+            lane.child.stop()
+            lane.child.start(self.setup_timeout_s)
             self.replacements += 1
-            if self.problem is not None:  # (not set_problem: it would wait for the queue)
+            if self.problem is not None:  # (not set_problem: it would wait for the queues)
                 problem, self.problem = self.problem, None  # unset if the new child fails too
-                self.child.request(("problem", problem.m, problem.n, problem.k, 0, problem.layout, problem.batch),
-                                   self.setup_timeout_s, f"preparing problem {problem.shape}")
+                lane.child.request(_problem_request(problem), self.setup_timeout_s,
+                                   f"preparing problem {problem.shape}")
                 self.problem = problem
         # the candidates queued behind the failed one were never measured: the new child gets them
-        self._answered_at = time.monotonic()
-        for ticket in self._queued:
-            self._post(ticket)
+        lane.answered_at = time.monotonic()
+        for ticket in lane.queued:
+            self._post(lane, ticket)
 
     def close(self) -> None:
         for future in self._compiles.values():
             future.cancel()
         self._compiles.clear()
         self.pool.close()
-        self.child.stop()
+        for lane in self.lanes:
+            lane.child.stop()
 
     def __enter__(self) -> LiveEvaluator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _problem_request(problem: Problem) -> tuple:
+    return ("problem", problem.m, problem.n, problem.k, 0, problem.layout, problem.batch)

@@ -132,6 +132,14 @@ def probe() -> str | None:
     return os.environ.get("GEMMTUNE_STANDIN_NO_GPU") or None
 
 
+# How many GPUs the stand-in's driver sees (default 1): a test gives --gpus all several.
+GPUS_ENV = "GEMMTUNE_STANDIN_GPUS"
+
+
+def device_count() -> int:
+    return int(os.environ.get(GPUS_ENV) or 1)
+
+
 class GpuFault(RuntimeError):
     """Stand-in for tuner.measure.gpu.GpuFault."""
 

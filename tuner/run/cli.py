@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND
+from tuner.measure.live import ALL_DEVICES, BACKEND_ENV, DEFAULT_BACKEND
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
 from tuner.report import configure_logging
 from tuner.run.options import (DEFAULT_DRY_RUN_CONFIGS, DEFAULT_HEARTBEAT_S, DEFAULT_PATIENCE,
@@ -59,6 +59,19 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _devices(text: str) -> tuple[int, ...] | str:
+    if text == ALL_DEVICES:
+        return text
+    try:
+        devices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        devices = ()
+    if not devices or min(devices) < 0 or len(set(devices)) != len(devices):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of distinct CUDA device indices (e.g. 0,1) or 'all'")
+    return devices
+
+
 def _shape(text: str) -> Problem:
     try:
         return parse_shape(text)
@@ -81,8 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
             "1 failure (e.g. no usable GPU), 2 bad input (nothing stored), 130 interrupted."
         ),
     )
-    parser.add_argument("--gpu", type=_non_negative_int, default=0, metavar="INDEX",
-                        help="CUDA device index (default: 0)")
+    gpus = parser.add_mutually_exclusive_group()
+    gpus.add_argument("--gpu", type=_non_negative_int, default=0, metavar="INDEX",
+                      help="CUDA device index (default: 0)")
+    gpus.add_argument("--gpus", type=_devices, default=None, metavar="LIST|all",
+                      help="several GPUs of this host, of one model, as one search: comma-separated "
+                           "device indices (e.g. 0,1) or 'all'; each measures the candidates the "
+                           "search hands it, and the search keeps as many more in flight")
     import kernels
 
     parser.add_argument("--kernel", action="append", metavar="FAMILY", default=[],
@@ -262,7 +280,7 @@ def _options(args: argparse.Namespace, families: list, words: list[str],
                             storage_url=args.storage or os.environ.get("GEMMTUNE_STORAGE") or None,
                             claim_trials=args.claim_trials, heartbeat_s=args.heartbeat,
                             stale_after_s=args.stale_after),
-        evaluator=EvaluatorOptions(gpu=args.gpu, cache_dir=_cache_dir(args.cache),
+        evaluator=EvaluatorOptions(gpu=args.gpu, gpus=args.gpus, cache_dir=_cache_dir(args.cache),
                                    workers=args.workers, trial_timeout_s=args.trial_timeout,
                                    backend=os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND),
         worker=WorkerOptions(poll_s=args.poll, once=args.once, max_jobs=args.max_jobs),

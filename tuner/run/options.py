@@ -97,10 +97,22 @@ class EvaluatorOptions:
     compiled and measured."""
 
     gpu: int = 0
+    gpus: tuple[int, ...] | str | None = None  # --gpus: several, or "all"; None: gpu alone
     cache_dir: Path | None = None  # --cache or $GEMMTUNE_CACHE; None: kernels' default folder
     workers: int | None = None  # compile processes; None: CPU cores - 2 (live.default_workers)
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
     backend: str = DEFAULT_BACKEND  # what the GPU child measures with (tuner.measure.live)
+
+    @property
+    def devices(self) -> int | tuple[int, ...] | str:
+        """What the live evaluator measures on: --gpus where given, else --gpu."""
+        return self.gpu if self.gpus is None else self.gpus
+
+    def describe(self) -> str:
+        """The GPU(s) for a message: "GPU 0", "GPUs 0,1", "all GPUs"."""
+        if self.gpus is None:
+            return f"GPU {self.gpu}"
+        return "all GPUs" if isinstance(self.gpus, str) else f"GPUs {','.join(map(str, self.gpus))}"
 
 
 @dataclass(frozen=True)

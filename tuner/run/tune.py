@@ -134,7 +134,7 @@ def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_opti
     ``evaluator_options``: more of LiveEvaluator's (a benchmark's stand-in options)."""
     from tuner.measure.live import LiveEvaluator
 
-    return LiveEvaluator(options.gpu, cache_dir=options.cache_dir, workers=options.workers,
+    return LiveEvaluator(options.devices, cache_dir=options.cache_dir, workers=options.workers,
                          trial_timeout_s=options.trial_timeout_s, backend=options.backend,
                          wait=wait, **evaluator_options)
 
@@ -174,19 +174,22 @@ def live_main(options: Options) -> int:
     from tuner.lifetime import kill_pool
     from tuner.measure.live import GpuUnavailable
 
-    gpu = options.evaluator.gpu
+    gpu = options.evaluator.describe()
     try:
         evaluator, process = start_command(options)
     except GpuUnavailable as reason:
-        print(f"python -m tuner: no usable GPU {gpu}: {reason}\n"
+        print(f"python -m tuner: no usable {gpu}: {reason}\n"
               "Tuning needs an NVIDIA GPU and driver; --dry-run compiles and reports without one.",
               file=sys.stderr)
         return EXIT_FAILED
     except RuntimeError as error:  # e.g. --gpu names a device that does not exist
         last = str(error).strip().splitlines()[-1:] or ["unknown error"]
-        print(f"python -m tuner: cannot start measuring on GPU {gpu}: {last[0]}",
+        print(f"python -m tuner: cannot start measuring on {gpu}: {last[0]}",
               file=sys.stderr)
         return EXIT_FAILED
+    if len(evaluator.devices) > 1:
+        print(f"python -m tuner: {len(evaluator.devices)} GPUs ({', '.join(map(str, evaluator.devices))}; "
+              f"{evaluator.info()['name']}) measure for one search", file=sys.stderr)
     with evaluator:
         try:
             return tune(options, evaluator, preparer=process)

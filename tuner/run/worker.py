@@ -222,7 +222,7 @@ def worker_main(options: Options) -> int:
             evaluator = start_live(options.evaluator)
         except (GpuUnavailable, RuntimeError) as reason:
             last = (str(reason).strip().splitlines() or ["unknown error"])[-1]
-            print(f"python -m tuner: --worker: no usable GPU {options.evaluator.gpu}: {last}",
+            print(f"python -m tuner: --worker: no usable {options.evaluator.describe()}: {last}",
                   file=sys.stderr)
             return EXIT_FAILED
         resolve, check = _live_rules(options.families)
