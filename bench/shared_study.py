@@ -1,6 +1,6 @@
 """Two GPUs, one study (issue 17 part 3): two tuner processes sharing one Optuna storage.
 
-    python bench/shared_study.py --gpus 0,1 [--shape MxNxK ...] [--family F ...] [--trials 60]
+    python bench/shared_study.py --gpus 0,1 [--one-command] [--shape MxNxK ...] [--family F ...] [--trials 60]
         [--repeats 1] [--patience 0] [--timeout 120] [--kill-after 10] [--heartbeat 2]
         [--stale-after 8] [--storage URL] [--cache DIR] [--skip-kill] [--out FILE] [--logs DIR]
 
@@ -23,6 +23,9 @@ a compile one worker has begun, the other waits for). The JSON is written after 
    of the single run's best): a search is stochastic, and two workers' asks are not one
    worker's, so the pair may end its budget just short of the one config the single run found;
    and the ratio of the times to the trial budget's last result (the pair's throughput).
+
+   With ``--one-command``, the pair is one ``python -m tuner --gpus G0,G1`` (one process, a GPU
+   child per device, one search with both GPUs' batch) instead of two processes.
 
 ``--repeats N`` runs phases 1 and 2 N times, alternating (fresh databases and caches each
 time); the speed-up reported is the median over the repeats, a repeat in which the pair never
@@ -111,6 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=parse_gpus, default=(0, 1), metavar="G0,G1",
                         help="device index per worker (default: 0,1; 0,0: "
                              f"{MECHANICS_ONLY})")
+    parser.add_argument("--one-command", action="store_true",
+                        help="the pair phase as one python -m tuner --gpus G0,G1 (one search on "
+                             "both GPUs) instead of two worker processes")
     parser.add_argument("--shape", action="append", default=[],
                         help=f"MxNxK (repeat; default: {' '.join(DEFAULT_SHAPES)})")
     parser.add_argument("--family", action="append", default=[],
@@ -164,6 +170,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      f"{', '.join(kernels.FAMILIES)}")
     if args.trials < 2:
         parser.error("--trials: at least 2 (one per worker)")
+    if args.one_command and args.gpus[0] == args.gpus[1]:
+        parser.error(f"--one-command measures on two GPUs: --gpus {args.gpus[0]},{args.gpus[1]} names one")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least 1")
     if not 0 < args.heartbeat < args.stale_after:
@@ -203,7 +211,7 @@ def postgres_admin(url: str | None, folder: Path) -> Iterator[str]:
 @dataclass
 class Worker:
     label: str
-    gpu: int
+    gpu: int | tuple[int, ...]  # a tuple: one tuner on several GPUs (--gpus)
     argv: list[str]
     log: Path
     process: subprocess.Popen[bytes] | None = None
@@ -241,10 +249,11 @@ class Worker:
                 "command": " ".join(["python", "-m", "tuner", *self.argv])}
 
 
-def tuner_argv(args: argparse.Namespace, gpu: int, urls: tuple[str, str], cache: Path,
+def tuner_argv(args: argparse.Namespace, gpu: int | tuple[int, ...], urls: tuple[str, str], cache: Path,
                studies: list[tuple[str, str]], kill: bool) -> list[str]:
     results_url, storage_url = urls
-    argv = ["--gpu", str(gpu), "--db", results_url, "--storage", storage_url, "--claim-trials",
+    devices = ["--gpu", str(gpu)] if isinstance(gpu, int) else ["--gpus", ",".join(map(str, gpu))]
+    argv = [*devices, "--db", results_url, "--storage", storage_url, "--claim-trials",
             "--trials", str(args.trials), "--patience", str(args.patience),
             "--timeout", f"{args.timeout:g}", "--cache", str(cache), "-v"]
     for family in dict.fromkeys(f for f, _ in studies):
@@ -358,7 +367,7 @@ class Phase:
         self.stack.close()
         print(f"[{self.name}] ended after {time.monotonic() - self.started:.1f} s")
 
-    def workers(self, args: argparse.Namespace, gpus: tuple[int, ...], urls: tuple[str, str],
+    def workers(self, args: argparse.Namespace, gpus: tuple[int | tuple[int, ...], ...], urls: tuple[str, str],
                 studies: list[tuple[str, str]], kill: bool = False) -> list[Worker]:
         # One cache for the phase's workers, as the default one is for tuners on one host
         # (kernels.compiler: a compile one has begun, the other waits for).
@@ -398,7 +407,7 @@ def single_phase(args: argparse.Namespace, phase: Phase,
 def pair_phase(args: argparse.Namespace, phase: Phase, studies: list[tuple[str, str]],
                single: dict[str, Any]) -> dict[str, Any]:
     with phase as urls:
-        workers = phase.workers(args, args.gpus, urls, studies)
+        workers = phase.workers(args, (tuple(args.gpus),) if args.one_command else args.gpus, urls, studies)
         wall_s = run_workers(workers, phase_limit_s(args, studies))
         with db.open_database(urls[0]) as database:
             found = read_studies(database)
@@ -638,7 +647,7 @@ def out_path(args: argparse.Namespace, gpus: list[dict[str, str]]) -> Path:
     if args.out:
         return args.out
     name = gpus[0]["name"] if gpus else "gpu"
-    return HERE / "results" / f"shared_study-{gpu_slug(name)}.json"
+    return HERE / "results" / f"shared_study-{gpu_slug(name)}{'-one-command' if args.one_command else ''}.json"
 
 
 def assemble(args: argparse.Namespace, repeats: list[dict[str, Any]],
@@ -646,8 +655,8 @@ def assemble(args: argparse.Namespace, repeats: list[dict[str, Any]],
     speed = summary(repeats)
     return {
         "complete": complete,  # False: written after a phase, the run still going (or cut)
-        "gpus": list(args.gpus), "mode": "two GPUs" if args.gpus[0] != args.gpus[1]
-        else MECHANICS_ONLY,
+        "gpus": list(args.gpus), "mode": ("two GPUs" if args.gpus[0] != args.gpus[1] else MECHANICS_ONLY)
+        + (", one command (--gpus)" if args.one_command else ""),
         "backend": os.environ.get(BACKEND_ENV) or "tuner.gpu",
         "devices": sorted({g["name"] for r in repeats for g in r["single"]["gpus"]
                            + r["pair"]["gpus"]}),

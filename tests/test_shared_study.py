@@ -127,3 +127,35 @@ def test_the_kill_must_go_stale_within_the_study_timeout(capsys):
         _shared_study().parse_args(["--timeout", "10", "--kill-after", "5"])
     assert exit_.value.code == 2
     assert "must stay below --timeout 10" in capsys.readouterr().err
+
+
+@needs_server
+def test_one_command_on_two_gpus_is_one_run_measuring_the_budget_once(tmp_path):
+    """--one-command: the pair phase is one python -m tuner --gpus 0,1 (stand-in GPUs): one
+    run per study, nothing measured twice, the budget met."""
+    out = tmp_path / "shared.json"
+    argv = [sys.executable, str(SCRIPT), "--one-command", "--gpus", "0,1", "--shape", "128x128x128",
+            "--family", "naive", "--trials", "12", "--timeout", "60", "--skip-kill",
+            "--cache", str(tmp_path / "cubins"), "--out", str(out)]
+    if postgres_available():
+        argv += ["--storage", os.environ[PG_URL_ENV]]
+    env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing", MEASURE_ENV: "0.05",
+                        "PYTHONPATH": os.pathsep.join(filter(None, [
+                            str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["mode"] == "two GPUs, one command (--gpus)"
+    [repeat] = result["repeats"]
+    [worker] = repeat["pair"]["workers"]
+    assert worker["gpu"] == [0, 1] and "--gpus 0,1" in worker["command"]
+    [(key, study)] = repeat["pair"]["studies"].items()
+    assert key == "naive 128x128x128" and study["duplicates"] == 0
+    assert [r["measured"] for r in study["runs"]] == [12]
+    assert "2 GPUs (0, 1; " in Path(worker["log"]).read_text()
+
+
+def test_one_command_needs_two_gpus(capsys):
+    with pytest.raises(SystemExit):
+        _shared_study().parse_args(["--one-command", "--gpus=0,0"])
+    assert "--one-command measures on two GPUs" in capsys.readouterr().err
