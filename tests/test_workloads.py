@@ -98,3 +98,20 @@ def test_a_tuned_workload_shows_the_share_of_its_gemm_time_that_tuned_kernels_se
     assert page.status_code == 200 and f"{100 * expected:.1f}%" in page.text and "384×256×512" in page.text
     assert client.get("/workloads").status_code == 200
     assert client.get("/api/workloads/999").status_code == 404
+
+
+def test_a_budget_is_shared_by_the_workloads_shares_of_gemm_time(tmp_path):
+    """With --budget, each study's time is its problem's share of what the studies still to run
+    weigh (a --shape beside the workload weighs an average share); time a study leaves unused
+    goes to the later ones in proportion."""
+    from tuner.run.session import MIN_STUDY_SECONDS, time_share
+
+    path = db.write_workload(workload(), tmp_path / "w.json")
+    options = parse_args(["--workload", str(path), "--shape", "64x64x64", "--budget", "100"])
+    assert options.weights == {TUNED: 0.6, NEVER: 0.3, ALSO: 0.1, Problem(64, 64, 64): 1 / 3}
+    weights = [0.6, 0.3, 0.1]
+    assert time_share(100.0, weights, 0) == pytest.approx(60.0)
+    assert time_share(70.0, weights, 1) == pytest.approx(52.5)  # the first used 30 s of its 60
+    assert time_share(5.0, weights, 2) == MIN_STUDY_SECONDS  # never less than a study's floor
+    assert time_share(90.0, [0.0, 0.0, 0.0], 0) == pytest.approx(30.0)  # no shares: equal parts
+    assert parse_args(["--shape", "64x64x64"]).weights == {}  # no workload: equal parts

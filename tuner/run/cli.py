@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default=None, metavar="FILE",
                         help="tune the problems of a workload file (python -m gemmtune profile, "
                              "gemmtune.record_workload), largest share of its GEMM time first, after "
-                             "any --shape; the workload is stored for the dashboard")
+                             "any --shape, and with --budget each in proportion to its share; the "
+                             "workload is stored for the dashboard")
     parser.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, metavar="N",
                         help="measured configs per study, counted over all runs of the study, "
                              "so running again resumes up to it (default: %(default)s)")
@@ -260,12 +261,17 @@ def _options(args: argparse.Namespace, families: list, words: list[str],
              workload: tuple[str, dict] | None = None) -> Options:
     """The parsed namespace, split into the parts each piece of the command uses."""
     named = list(args.shape)
+    weights: dict[Problem, float] = {}
     if workload is not None:
         import db
 
-        named += [Problem(p.m, p.n, p.k, layout=p.layout, batch=p.batch)
-                  for p in db.workloads.check_workload(workload[1], workload[0])]
+        shares = {Problem(p.m, p.n, p.k, layout=p.layout, batch=p.batch): p.share
+                  for p in db.workloads.check_workload(workload[1], workload[0])}
+        named += list(shares)
+        # a --shape beside the workload counts as one of its problems of average share
+        weights = {problem: 1.0 / len(shares) for problem in args.shape} | shares
     return Options(
+        weights=weights,
         families=families,
         problems=list(dict.fromkeys(named)) or list(DEFAULT_SHAPES),
         kernels_named=bool(args.kernel), shapes_named=bool(named), workload=workload,

@@ -153,3 +153,6 @@ class Options:
     worker: WorkerOptions = field(default_factory=WorkerOptions)
     dry_run: DryRunOptions = field(default_factory=DryRunOptions)
     workload: tuple[str, dict] | None = None  # --workload: (its file name, its document)
+    # Each problem's weight in a --budget's time shares (a workload's share of GEMM time);
+    # empty: every study an equal share.
+    weights: dict[Problem, float] = field(default_factory=dict)

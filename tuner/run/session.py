@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from tuner.measure.evaluator import Baseline
 from tuner.measure.recording import bundled
@@ -95,6 +95,15 @@ def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
     return wanted
 
 
+def time_share(left_s: float, weights: list[float], index: int) -> float:
+    """The index-th study's seconds out of the ``left_s`` left: its weight's part of the weights
+    of the studies still to run (all weights 0: an equal part), at least MIN_STUDY_SECONDS. A
+    study that ends early so leaves its time to the later ones in proportion to theirs."""
+    rest = sum(weights[index:])
+    part = weights[index] / rest if rest > 0 else 1.0 / (len(weights) - index)
+    return max(MIN_STUDY_SECONDS, left_s * part)
+
+
 def tune_all(
     session: Session,
     families: list[Any],
@@ -102,9 +111,11 @@ def tune_all(
     budget: Budget,
     *,
     total_seconds: float | None = None,
+    weights: Mapping[Problem, float] | None = None,
 ) -> Summary:
-    """Runs the studies shape by shape. With ``total_seconds`` each study's time budget is an
-    equal share of what is left, so time a study does not need passes to the next ones."""
+    """Runs the studies shape by shape. With ``total_seconds`` each study's time budget is a
+    share of what is left (``time_share``), by its problem's weight (a workload's share of GEMM
+    time; default equal), so time a study does not need passes to the next ones."""
     summary = Summary()
     arch = session.evaluator.arch()
     offered = [f for f in families if f.offered_on(arch)]
@@ -115,6 +126,7 @@ def tune_all(
     families = offered
     started = time.monotonic()
     order = [(problem, family) for problem in problems for family in families]
+    weight_of = [float(weights.get(problem, 0.0)) if weights else 1.0 for problem, _ in order]
     with StartupPrefetch(session) as prefetch:
         # All but the first in the process, in order; the first on a thread, beside the
         # baseline: the process, still importing when the first study starts, would leave the
@@ -132,8 +144,7 @@ def tune_all(
             study_budget = budget
             if total_seconds is not None:
                 left = total_seconds - (time.monotonic() - started)
-                study_budget = dataclasses.replace(
-                    budget, timeout_s=max(MIN_STUDY_SECONDS, left / (len(order) - index)))
+                study_budget = dataclasses.replace(budget, timeout_s=time_share(left, weight_of, index))
             return StudyRun(session, family, problem, study_budget,
                             None if baseline is None else baseline.gflops,
                             prefetch.take(family, problem))

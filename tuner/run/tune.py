@@ -122,7 +122,7 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: A
                               preparer=preparer)
         summary = tune_all(session, options.families, options.problems,
                            options.budget.study_budget(),
-                           total_seconds=options.budget.total_seconds())
+                           total_seconds=options.budget.total_seconds(), weights=options.weights)
     print()
     print(summary.table())
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
