@@ -38,7 +38,7 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
 def test_help_explains_every_option():
     result = run_tuner("--help")
     assert result.returncode == 0
-    for option in ("--gpu", "--kernel", "--shape", "--trials", "--timeout", "--budget", "--patience",
+    for option in ("--gpu", "--gpus", "--kernel", "--shape", "--trials", "--timeout", "--budget", "--patience",
                    "--sampler", "--seed", "--db", "--storage", "--cache", "--dry-run",
                    "--verbose", "tpe", "cmaes", "random", "default"):
         assert option in result.stdout
