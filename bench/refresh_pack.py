@@ -45,15 +45,18 @@ def pack_imported(database: db.Database) -> bool:
     return False
 
 
-def measured(url: str, model: str, entry: dict, family: kernels.Family, any_config: bool = False):
-    """The database's best result for the entry's shape under the installed source of its family
-    (only if it is the entry's own config, unless any_config), or None."""
+def stored(url: str, model: str, entry: dict, family: kernels.Family):
+    """The database's best result for the entry's shape under the installed source of its
+    family, or None."""
     with db.open_database(url) as database:
-        found = database.best(model, entry["m"], entry["n"], entry["k"], family=family.name, nearest=False,
-                              source_hash=family.source_hash)
-    if found is None or any_config or family.completed(found.params) == family.completed(entry["config"]):
-        return found
-    return None
+        return database.best(model, entry["m"], entry["n"], entry["k"], family=family.name, nearest=False,
+                             source_hash=family.source_hash)
+
+
+def own(found, entry: dict, family: kernels.Family) -> bool:
+    """Whether a stored result is the entry's own config (one stored before a parameter was
+    added counts as it ran)."""
+    return found is not None and family.completed(found.params) == family.completed(entry["config"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,15 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     for e in todo:
         shape = f"{e['m']}x{e['n']}x{e['k']}"
         family = kernels.get_family(e["family"])
-        if measured(args.db, model, e, family) is None:  # else a cut-short refresh got this far
+        found = stored(args.db, model, e, family)
+        if not own(found, e, family):  # else a refresh cut short got this far
             command = [sys.executable, "-m", "tuner", "--gpu", str(args.gpu), "--db", args.db, "--kernel",
                        e["family"], "--shape", shape, "--trials", "1"]
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
             if done.returncode:
                 sys.stderr.write(done.stdout[-2000:] + done.stderr[-4000:])
                 return done.returncode
-        found = measured(args.db, model, e, family, any_config=True)
-        same = found is not None and family.completed(found.params) == family.completed(e["config"])
+            found = stored(args.db, model, e, family)
+        same = own(found, e, family)
         print(f"{shape:>15} {e['family']:9} {'same config' if same else 'OTHER CONFIG'}  "
               f"{e['gflops']:9.0f} → {found.gflops if found else 0:9.0f} GFLOP/s", flush=True)
         if not same:

@@ -271,10 +271,9 @@ def _options(args: argparse.Namespace, families: list, words: list[str],
         # a --shape beside the workload counts as one of its problems of average share
         weights = {problem: 1.0 / len(shares) for problem in args.shape} | shares
     return Options(
-        weights=weights,
         families=families,
         problems=list(dict.fromkeys(named)) or list(DEFAULT_SHAPES),
-        kernels_named=bool(args.kernel), shapes_named=bool(named), workload=workload,
+        kernels_named=bool(args.kernel), shapes_named=bool(named), workload=workload, weights=weights,
         mode="dry-run" if args.dry_run else "worker" if args.worker else "tune",
         replay=args.replay,
         command=shlex.join(["python", "-m", "tuner", *words]),
