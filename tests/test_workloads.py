@@ -71,7 +71,7 @@ def test_the_tuner_takes_a_workloads_problems_after_the_shapes_largest_share_fir
     assert "a --worker takes its problems from the job queue" in capsys.readouterr().err
 
 
-def test_a_tuned_workload_shows_the_share_of_its_gemm_time_that_tuned_kernels_serve(tmp_path):
+def test_a_tuned_workload_shows_the_share_of_its_gemm_time_that_tuned_kernels_serve(tmp_path, capsys):
     recording = record_with_evaluator(StandInEvaluator(gpu_name="Replay Test GPU", gpu_uuid="GPU-replay-fixture"),
                                       [NAIVE], [TUNED, ALSO], max_configs=200, note="test fixture (stand-in model)")
     rec = recording.save(tmp_path / "fixture.json.gz")
@@ -79,6 +79,8 @@ def test_a_tuned_workload_shows_the_share_of_its_gemm_time_that_tuned_kernels_se
     url = f"sqlite:///{tmp_path / 'w.sqlite'}"
     assert main(["--replay", str(rec), "--db", url, "--workload", str(path), "--kernel", "naive",
                  "--trials", "5", "--patience", "0"]) == EXIT_OK
+    bars = capsys.readouterr().err  # each study's progress bar says where it stands in the command
+    assert "[1/2] naive 384x256x512" in bars and "[2/2] naive 128x128x128" in bars
     with db.open_database(url) as database:
         [stored] = database.list_workloads()
         # the stand-in's cuBLAS (18 TFLOP/s) beats every naive config; a slower cuBLAS measured

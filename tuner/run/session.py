@@ -147,7 +147,8 @@ def tune_all(
                 study_budget = dataclasses.replace(budget, timeout_s=time_share(left, weight_of, index))
             return StudyRun(session, family, problem, study_budget,
                             None if baseline is None else baseline.gflops,
-                            prefetch.take(family, problem))
+                            prefetch.take(family, problem),
+                            place=f"{index + 1}/{len(order)}" if len(order) > 1 else "")
 
         index = 0
         while index < len(order) and not session.stop.requested:

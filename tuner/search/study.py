@@ -346,7 +346,9 @@ class StudyRun:
     candidate is stored as RUNNING before it is measured and finished in place."""
 
     def __init__(self, session: Session, family: Any, problem: Problem, budget: Budget,
-                 baseline_gflops: float | None, startup: Startup | None = None) -> None:
+                 baseline_gflops: float | None, startup: Startup | None = None, place: str = "") -> None:
+        """``place``: where this study stands in the command, e.g. "3/16", shown on its bar."""
+        self.place = place
         # the family as this problem builds and runs it (its layout's program, its batch's launches)
         family = kernels.bind(family, problem.layout, problem.batch)
         self.session, self.family, self.problem, self.budget = session, family, problem, budget
@@ -977,7 +979,7 @@ class StudyRun:
         deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
         run_state, stop_reason = "failed", "error"
         bar = tqdm(total=budget.trials, initial=min(self.tally.measured, budget.trials),
-                   unit="trial", desc=f"{self.family.name} {problem.label}",
+                   unit="trial", desc=f"{f'[{self.place}] ' if self.place else ''}{self.family.name} {problem.label}",
                    disable=not session.progress, leave=True, dynamic_ncols=True)
         self._show_best(bar)
         heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
