@@ -150,18 +150,31 @@ class Reads:
             raise ApiError(404, f"unknown workload id {workload_id}; see /api/workloads for the known ones") from None
         model = gpu or w.gpu_name
         known = model is not None and bool(self.db.find_gpus(model))
+        if known:
+            self.settle_runs()
+        problem_ids: dict[tuple, list[int]] = {}  # (with general alpha/beta or not: both)
+        for q in self.db.list_problems():
+            if q.dtype == "fp32":
+                problem_ids.setdefault((q.m, q.n, q.k, q.layout, q.batch), []).append(q.id)
         rows, served_share = [], 0.0
         for p in w.problems:
-            found = None
+            found, runs = None, []
             if known:
                 found = self.db.best(model, p.m, p.n, p.k, nearest=False, layout=p.layout, batch=p.batch)
+                runs = sorted((r for pid in problem_ids.get((p.m, p.n, p.k, p.layout, p.batch), [])
+                               for r in self.db.list_runs(gpu=model, problem_id=pid, limit=100)),
+                              key=lambda r: r.id, reverse=True)
             served = bool(found and found.fraction_of_cublas is not None and found.fraction_of_cublas > 1.0)
             served_share += p.share if served else 0.0
+            tuning = s.WorkloadTuningOut(runs=len(runs), running=sum(r.state == "running" for r in runs),
+                                         measured=sum(r.n_trials for r in runs),
+                                         latest_run=runs[0].id if runs else None)
             rows.append(s.WorkloadProblemOut(
                 m=p.m, n=p.n, k=p.k, layout=p.layout, batch=p.batch, label=p.label, count=p.count, share=p.share,
-                best=best_config(found) if found else None, served=served))
+                best=best_config(found) if found else None, served=served, tuning=tuning))
         return s.WorkloadOut(id=w.id, name=w.name, recorded_on=w.gpu_name, gpu=model if known else None,
-                             gemm_ms=w.gemm_ms, created_at=w.created_at, served_share=served_share, problems=rows)
+                             gemm_ms=w.gemm_ms, created_at=w.created_at, served_share=served_share,
+                             running=any(row.tuning.running for row in rows), problems=rows)
 
     # --- best -------------------------------------------------------------------------------
 

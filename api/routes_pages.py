@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
@@ -121,5 +122,7 @@ def workload_page(
     gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN)] = None,
 ) -> HTMLResponse:
     r = _reads(request)
-    return render(request, "workload.html", w=r.workload(workload_id, gpu),
+    w = r.workload(workload_id, gpu)
+    api_url = f"/api/workloads/{workload_id}" + (f"?gpu={quote(w.gpu)}" if w.gpu else "")
+    return render(request, "workload.html", w=w, w_json=w.model_dump(mode="json"), api_url=api_url,
                   gpus=sorted({g.name for g in r.db.list_gpus()}))

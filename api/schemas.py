@@ -240,6 +240,13 @@ class JobOut(BaseModel):
     ended_at: datetime | None = None
 
 
+class WorkloadTuningOut(BaseModel):
+    runs: int = Field(description="Tuning runs of this problem on `gpu`, every family.")
+    running: int = Field(description="Of those, the runs running now.")
+    measured: int = Field(description="Trials measured over those runs.")
+    latest_run: int | None = Field(default=None, description="The newest run's id.")
+
+
 class WorkloadProblemOut(BaseModel):
     m: int
     n: int
@@ -252,6 +259,7 @@ class WorkloadProblemOut(BaseModel):
     best: BestConfig | None = Field(default=None, description="The best verified config tuned on exactly this problem "
                                     "on `gpu`, if any.")
     served: bool = Field(description="A tuned kernel beats cuBLAS on this problem on `gpu` (what gemmtune.enable() runs).")
+    tuning: WorkloadTuningOut = Field(description="How far tuning this problem on `gpu` has come.")
 
 
 class WorkloadOut(BaseModel):
@@ -262,4 +270,5 @@ class WorkloadOut(BaseModel):
     gemm_ms: float | None = Field(default=None, description="The workload's GEMM time as recorded.")
     created_at: datetime
     served_share: float = Field(description="Share of the workload's GEMM time that tuned kernels serve on `gpu`.")
+    running: bool = Field(default=False, description="A run of one of its problems is running on `gpu` now.")
     problems: list[WorkloadProblemOut] = Field(description="Largest share first.")

@@ -267,3 +267,37 @@ def test_a_run_whose_tuner_died_turns_interrupted_without_another_tuner(page, se
     page.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
     run = httpx.get(f"{server.base}/api/runs/{run_id}").json()
     assert run["state"] == "interrupted" and run["ended_at"] is not None
+
+
+def test_a_workload_page_follows_its_problems_tuning(page, server, tuned):
+    """While a problem of a workload is being tuned, its page polls the API and shows each
+    problem's runs and measured trials without a reload, and stops once none is running."""
+    fam = kernels.FAMILIES["naive"]
+    configs = fam.sample_accepted(2, seed=11)
+    with db.open_database(tuned.url) as database:
+        workload_id = database.save_workload("live.json", {
+            "format": "gemmtune-workload", "version": 1, "gpu": STANDIN_GPU, "label": "live",
+            "problems": [{"m": SHAPE[0], "n": SHAPE[1], "k": SHAPE[2], "layout": "nn", "batch": 1,
+                          "count": 3, "share": 1.0}]})  # fmt: skip
+        gpu_id = database.ensure_gpu(db.GpuInfo(STANDIN_GPU, "GPU-00000000-stand-in", "9.0", 132, 80 << 30, 1980,
+                                                "stand-in", "stand-in", "stand-in"))  # fmt: skip
+        before = httpx.get(f"{server.base}/api/workloads/{workload_id}").json()["problems"][0]["tuning"]
+        assert before["running"] == 0 and before["runs"] >= 1  # the module's finished runs of SHAPE
+        run_id = database.start_run(
+            gpu_id=gpu_id, problem_id=database.ensure_problem(*SHAPE), family_id=database.ensure_family(fam.name, fam.source_hash),
+            sampler="tpe", seed=1, budget={"trials": 2}, host="test", command="workload test", study_name=None,
+        )  # fmt: skip
+        cell = "#workload-table tbody tr:first-child td.tuning"
+        page.goto(f"{server.base}/workloads/{workload_id}")
+        assert page.inner_text(cell).startswith("running") and page.is_visible("#live-indicator")
+        assert f"{before['measured']} measured" in page.inner_text(cell)
+        marker = page.evaluate("window.__marker = 1")  # survives only if the page is not reloaded
+        database.add_trial(run_id, db.TrialRecord(number=0, params=configs[0], state="ok", time_median_ms=1.0,
+                                                  gflops=1000.0, occupancy=0.5, registers=40))  # fmt: skip
+        page.wait_for_function(f"document.querySelector('{cell}').textContent.includes('{before['measured'] + 1} measured')",
+                               timeout=15_000)
+        database.finish_run(run_id, "finished")
+        page.wait_for_function(f"document.querySelector('{cell}').textContent.startsWith('done')", timeout=15_000)
+        page.wait_for_selector("#live-indicator", state="hidden", timeout=15_000)
+        assert page.evaluate("window.__marker") == 1 and marker == 1
+        assert f"in {before['runs'] + 1} runs" in page.inner_text(cell)

@@ -96,6 +96,10 @@ def test_a_tuned_workload_shows_the_share_of_its_gemm_time_that_tuned_kernels_se
     assert answer["served_share"] == pytest.approx(expected)
     assert [p["label"] for p in answer["problems"]] == ["384x256x512", "128x128x128"]
     assert all(p["best"]["family"] == "naive" for p in answer["problems"])
+    # how far tuning came, per problem: one finished run of 5 measured trials each
+    assert [p["tuning"] for p in answer["problems"]] == [
+        {"runs": 1, "running": 0, "measured": 5, "latest_run": p["tuning"]["latest_run"]} for p in answer["problems"]]
+    assert not answer["running"] and all(p["tuning"]["latest_run"] for p in answer["problems"])
     page = client.get(f"/workloads/{stored.id}")
     assert page.status_code == 200 and f"{100 * expected:.1f}%" in page.text and "384×256×512" in page.text
     assert client.get("/workloads").status_code == 200

@@ -214,6 +214,18 @@ const gemmtune = (() => {
     );
   }
 
+  // ---- workload page --------------------------------------------------------------------------
+
+  const workloadSignature = (w) =>
+    w.problems.map((p) => `${p.tuning.runs}:${p.tuning.running}:${p.tuning.measured}:${p.served}`).join(",");
+
+  // While one of its problems is being tuned, the page follows the tuning (each problem's runs
+  // and measured trials, and what tuned kernels serve) without a reload.
+  function workloadPage(w, apiUrl) {
+    if (!w.running) return;
+    poll(workloadSignature(w), () => getJSON(apiUrl), workloadSignature, (x) => x.running, swapLiveSections);
+  }
+
   // ---- overview -------------------------------------------------------------------------------
 
   async function drawOverview() {
@@ -346,5 +358,5 @@ const gemmtune = (() => {
     Plotly.react(el, traces, layout, plotConfig);
   }
 
-  return { runPage, overviewPage, problemPage, modelsOverlay };
+  return { runPage, overviewPage, problemPage, modelsOverlay, workloadPage };
 })();
