@@ -180,7 +180,7 @@ def test_an_interrupted_command_ends_the_preparing_process(tmp_path, monkeypatch
     started: list[int] = []
 
     class Interrupted:
-        def __init__(self, *args: Any) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             pass
 
         def run(self, *args: Any) -> None:
