@@ -138,24 +138,33 @@ class Reads:
     # --- workloads --------------------------------------------------------------------------
 
     def workloads(self, gpu: str | None = None) -> list[s.WorkloadOut]:
-        return [self.workload(w.id, gpu) for w in self.db.list_workloads()]
+        self.settle_runs()
+        ids = self._problem_ids()
+        return [self._workload(w, gpu, ids) for w in self.db.list_workloads()]
 
     def workload(self, workload_id: int, gpu: str | None = None) -> s.WorkloadOut:
         """A recorded workload against what is tuned on `gpu` (default: the GPU it was recorded
-        on): per problem the best config tuned on exactly it, and whether it beats cuBLAS there
-        (what gemmtune.enable() would run); the share of GEMM time so served."""
+        on): per problem how far its tuning has come, the best config tuned on exactly it, and
+        whether it beats cuBLAS there (what gemmtune.enable() would run); the share of GEMM time
+        so served."""
         try:
             w = self.db.get_workload(workload_id)
         except db.WorkloadError:
             raise ApiError(404, f"unknown workload id {workload_id}; see /api/workloads for the known ones") from None
-        model = gpu or w.gpu_name
-        known = model is not None and bool(self.db.find_gpus(model))
-        if known:
-            self.settle_runs()
-        problem_ids: dict[tuple, list[int]] = {}  # (with general alpha/beta or not: both)
+        self.settle_runs()
+        return self._workload(w, gpu, self._problem_ids())
+
+    def _problem_ids(self) -> dict[tuple, list[int]]:
+        """(m, n, k, layout, batch) → the ids of its FP32 problems (with general alpha/beta or not)."""
+        ids: dict[tuple, list[int]] = {}
         for q in self.db.list_problems():
             if q.dtype == "fp32":
-                problem_ids.setdefault((q.m, q.n, q.k, q.layout, q.batch), []).append(q.id)
+                ids.setdefault((q.m, q.n, q.k, q.layout, q.batch), []).append(q.id)
+        return ids
+
+    def _workload(self, w: db.Workload, gpu: str | None, problem_ids: dict[tuple, list[int]]) -> s.WorkloadOut:
+        model = gpu or w.gpu_name
+        known = model is not None and bool(self.db.find_gpus(model))
         rows, served_share = [], 0.0
         for p in w.problems:
             found, runs = None, []

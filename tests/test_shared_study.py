@@ -29,6 +29,18 @@ needs_server = pytest.mark.skipif(
     reason=f"needs {PG_URL_ENV} (source .ci/postgres.sh) or the pgserver wheel")
 
 
+def run_script(*args: str, measure_s: float) -> subprocess.CompletedProcess:
+    """bench/shared_study.py with the CPU stand-in GPU (each evaluation taking measure_s) on the
+    test server, or the script's own pgserver."""
+    argv = [sys.executable, str(SCRIPT), *args]
+    if postgres_available():
+        argv += ["--storage", os.environ[PG_URL_ENV]]
+    env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing", MEASURE_ENV: str(measure_s),
+                        "PYTHONPATH": os.pathsep.join(filter(None, [
+                            str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _shared_study():
     bench_module("throughput")  # what the script imports from its own folder
     return bench_module("shared_study")
@@ -40,20 +52,14 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     # 36 of naive's 48 configs: with 12, a loaded CI host started worker 2's study after worker
     # 1 had measured the whole budget (1 of 4 local runs beside a busy loop), and the survivor
     # could finish before the killed claim went stale
-    argv = [sys.executable, str(SCRIPT), "--gpus", "0,0", "--shape", "128x128x128",
-            "--family", "naive", "--trials", "36", "--repeats", "2", "--timeout", "30", "--kill-after", "0",
-            "--heartbeat", "0.5", "--stale-after", "2", "--cache", str(tmp_path / "cubins"),
-            "--out", str(out)]
-    if postgres_available():
-        argv += ["--storage", os.environ[PG_URL_ENV]]
     # 0.25 s per evaluation: the survivor, measuring alone once worker 2 is killed, cannot
     # finish the budget before the killed claim goes stale (2 s); at the stand-in's instant
     # answers it did on a loaded CI host (2 of about ten CI runs), and at 0.1 s once more
     # (no claim failed as stale)
-    env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing", MEASURE_ENV: "0.25",
-                        "PYTHONPATH": os.pathsep.join(filter(None, [
-                            str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_script("--gpus", "0,0", "--shape", "128x128x128", "--family", "naive", "--trials", "36",
+                      "--repeats", "2", "--timeout", "30", "--kill-after", "0", "--heartbeat", "0.5",
+                      "--stale-after", "2", "--cache", str(tmp_path / "cubins"), "--out", str(out),
+                      measure_s=0.25)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[kill] ended" in done.stdout and "mechanics only" in done.stdout
 
@@ -134,15 +140,9 @@ def test_one_command_on_two_gpus_is_one_run_measuring_the_budget_once(tmp_path):
     """--one-command: the pair phase is one python -m tuner --gpus 0,1 (stand-in GPUs): one
     run per study, nothing measured twice, the budget met."""
     out = tmp_path / "shared.json"
-    argv = [sys.executable, str(SCRIPT), "--one-command", "--gpus", "0,1", "--shape", "128x128x128",
-            "--family", "naive", "--trials", "12", "--timeout", "60", "--skip-kill",
-            "--cache", str(tmp_path / "cubins"), "--out", str(out)]
-    if postgres_available():
-        argv += ["--storage", os.environ[PG_URL_ENV]]
-    env = os.environ | {"GEMMTUNE_GPU_BACKEND": "tuner.testing", MEASURE_ENV: "0.05",
-                        "PYTHONPATH": os.pathsep.join(filter(None, [
-                            str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_script("--one-command", "--gpus", "0,1", "--shape", "128x128x128", "--family", "naive",
+                      "--trials", "12", "--timeout", "60", "--skip-kill", "--cache", str(tmp_path / "cubins"),
+                      "--out", str(out), measure_s=0.05)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["mode"] == "two GPUs, one command (--gpus)"
