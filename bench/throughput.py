@@ -1,7 +1,7 @@
 """Tuning throughput: where the tuner's wall time goes and how busy it keeps the GPU (issue 19).
 
     python bench/throughput.py --shape 2048x2048x2048 --timeout 15 [--family NAME ...]
-        [--gpu 0] [--workers N] [--queue-depth 2] [--trials 80] [--patience 25]
+        [--gpu 0 | --gpus 0,1] [--workers N] [--queue-depth 2] [--trials 80] [--patience 25]
         [--sampler default] [--cache DIR] [--out FILE]
 
 Runs the tuner's own code path (``python -m tuner``'s options, ``tuner.run.tune.tune``, the
@@ -43,6 +43,10 @@ Without a GPU, ``GEMMTUNE_GPU_BACKEND=tuner.testing`` runs the whole path on the
 ``--standin-measure-s S`` makes each stand-in evaluation take S seconds. Such numbers check the
 structure (phases add up, overlap happens), they are not GPU timings.
 
+With ``--gpus`` (as ``python -m tuner --gpus``: one search, a GPU child per device) the GPU
+figures are per GPU: kernel time over the tuning wall time of all of them, NVML averaged over
+them, and the child's idle gaps are those in which no GPU was at work.
+
 JSON goes to ``bench/results/throughput-<gpu>.json`` unless ``--out`` says otherwise.
 """
 
@@ -71,10 +75,11 @@ SAMPLE_EVERY_S = 0.1
 
 
 class UtilizationSampler:
-    """NVML ``utilization.gpu`` every 100 ms in a thread: (monotonic time, percent) pairs."""
+    """NVML ``utilization.gpu`` every 100 ms in a thread: (monotonic time, percent) pairs, the
+    percent the mean over ``devices``."""
 
-    def __init__(self, device: int) -> None:
-        self.device = device
+    def __init__(self, devices: Sequence[int]) -> None:
+        self.devices = list(devices)
         self.samples: list[tuple[float, float]] = []
         self.source = "not available"
         self._stop = threading.Event()
@@ -86,8 +91,9 @@ class UtilizationSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(self.device)
-            pynvml.nvmlDeviceGetUtilizationRates(handle)
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(d) for d in self.devices]
+            for handle in handles:
+                pynvml.nvmlDeviceGetUtilizationRates(handle)
         except Exception:
             self._start_smi()
             return
@@ -96,7 +102,8 @@ class UtilizationSampler:
         def poll() -> None:
             while not self._stop.wait(SAMPLE_EVERY_S):
                 try:
-                    gpu = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    gpu = statistics.fmean(pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+                                           for h in handles)
                 except Exception:
                     continue
                 self.samples.append((time.monotonic(), float(gpu)))
@@ -110,7 +117,8 @@ class UtilizationSampler:
             self.source = "not available (no pynvml, no nvidia-smi)"
             return
         self._process = subprocess.Popen(
-            [smi, "-i", str(self.device), "--query-gpu=utilization.gpu",
+            # a line per device and period: their mean is the mean over the devices
+            [smi, "-i", ",".join(map(str, self.devices)), "--query-gpu=utilization.gpu",
              "--format=csv,noheader,nounits", f"-lms={int(SAMPLE_EVERY_S * 1000)}"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.source = "nvidia-smi -lms 100 (pynvml not installed)"
@@ -212,7 +220,7 @@ def _overlap(spans: Sequence[tuple[float, float]], start: float, end: float) -> 
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
               cpu: CpuSampler, workers: int | None = None,
-              waits: Sequence[tuple[float, float]] = ()) -> list[dict[str, Any]]:
+              waits: Sequence[tuple[float, float]] = (), gpus: int = 1) -> list[dict[str, Any]]:
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
@@ -237,7 +245,8 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
         compiling = None if workers is None else cpu.mean_compiling(start, end, workers)
         rows.append({"family": families[i % len(families)] if families else "?", "wall_s": wall,
                      "set_up_s": begin - start,  # the main thread's, before the loop began
-                     "answers": len(mine), "child_busy_share": busy / wall if wall > 0 else 0.0,
+                     "answers": len(mine),
+                     "child_busy_share": busy / (wall * gpus) if wall > 0 else 0.0,
                      "host_cpu_share": cpu.mean(start, end),
                      "idle_head_s": max(0.0, head), "idle_mid_s": mid,
                      "idle_tail_s": max(0.0, tail),
@@ -275,12 +284,23 @@ def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
         database.close()
 
 
+def parse_devices(text: str) -> list[int]:
+    """Comma-separated distinct device indices, e.g. 0,1."""
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: distinct device indices separated by commas, e.g. 0,1")
+    return [int(p) for p in parts]
+
+
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
 def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str]:
-    argv = ["--gpu", str(args.gpu), "--timeout", str(args.timeout), "--trials", str(args.trials),
+    devices = (["--gpus", ",".join(map(str, args.gpus))] if args.gpus
+               else ["--gpu", str(args.gpu)])
+    argv = [*devices, "--timeout", str(args.timeout), "--trials", str(args.trials),
             "--patience", str(args.patience), "--db", f"sqlite:///{db_path}",
             "--cache", str(cache), "--seed", str(args.seed), "--sampler", args.sampler]
     if args.workers:
@@ -294,7 +314,7 @@ def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str
 
 def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, float]],
                tuning_span: tuple[float, float], excluded: list[tuple[float, float]] = (),
-               ) -> dict[str, Any]:  # type: ignore[assignment]
+               gpus: int = 1) -> dict[str, Any]:  # type: ignore[assignment]
     """When the GPU child had no candidate to work on, from its answers' (start, end) spans,
     within the tuning span (the one-time ``excluded`` spans left out): before its first answer
     (the first study's set-up and first compiles), after its last (the last study's end, the
@@ -320,13 +340,14 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
         long_gaps += not boundary and b - a > 0.05
     wall = length(wall_from, wall_to)
     busy = sum(b - a for a, b in spans)
-    return {"child_busy_share": busy / wall if wall > 0 else 0.0, **idle,
+    return {"child_busy_share": busy / (wall * gpus) if wall > 0 else 0.0, **idle,
             "in_studies_gaps_over_50ms": long_gaps, "studies": len(loops)}
 
 
 def report(phases: Phases, *, wall_s: float, start_s: float, sampler: UtilizationSampler,
-           tuning_span: tuple[float, float]) -> dict[str, Any]:
-    """The numbers printed and stored: everything per the tuning wall time (start excluded)."""
+           tuning_span: tuple[float, float], gpus: int = 1) -> dict[str, Any]:
+    """The numbers printed and stored: everything per the tuning wall time (start excluded);
+    the GPU's busy shares per GPU of ``gpus``."""
     tuning_s = wall_s - start_s
     trials = max(1, phases.trials)
     rows: dict[str, dict[str, float]] = {}
@@ -359,11 +380,13 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
         "gpu_round_trip_per_answer_s": phases.round_trip_s / max(1, phases.answers),
         "gpu_busy": {
             "kernel_time_s": phases.kernel_s,
-            "kernel_time_share": phases.kernel_s / tuning_s if tuning_s else 0.0,
+            "kernel_time_share": phases.kernel_s / (tuning_s * gpus) if tuning_s else 0.0,
             "nvml_share": nvml, "nvml_share_in_loops": nvml_loops,
             "nvml_source": sampler.source, "nvml_samples": len(sampler.samples),
         },
-        "child_idle": child_idle(phases.child_spans, phases.loops, tuning_span, setup_spans),
+        "child_idle": child_idle(phases.child_spans, phases.loops, tuning_span, setup_spans,
+                                 gpus),
+        "gpus": gpus,
         "raw": phases.as_dict(),
     }
 
@@ -390,7 +413,8 @@ def print_report(result: dict[str, Any]) -> None:
           f"{1e3 * result['gpu_round_trip_per_answer_s']:.1f} ms per answer")
     busy = result["gpu_busy"]
     nvml = busy["nvml_share"]
-    print(f"\nGPU busy, kernel time timed/verified / tuning wall: {busy['kernel_time_share']:.1%} "
+    per = f" (per GPU, {result['gpus']} GPUs)" if result.get("gpus", 1) > 1 else ""
+    print(f"\nGPU busy{per}, kernel time timed/verified / tuning wall: {busy['kernel_time_share']:.1%} "
           f"({busy['kernel_time_s']:.1f} s)")
     print("GPU busy, NVML utilization.gpu over tuning wall:     "
           + (f"{nvml:.1%}" if nvml is not None else "-")
@@ -400,8 +424,9 @@ def print_report(result: dict[str, Any]) -> None:
             f"{family} {gflops:,.0f}" for family, gflops in
             sorted(families.items(), key=lambda item: -item[1])))
     idle = result["child_idle"]
-    print(f"GPU child at work / tuning wall: {idle['child_busy_share']:.1%}; idle "
-          f"{idle['before_first_s']:.2f} s before its first answer, "
+    print(f"GPU child at work / tuning wall{per}: {idle['child_busy_share']:.1%}; "
+          + ("all idle " if per else "idle ") +
+          f"{idle['before_first_s']:.2f} s before the first answer, "
           f"{idle['between_studies_s']:.2f} s between the {idle['studies']} studies, "
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
@@ -436,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=15.0, help="seconds per study")
     parser.add_argument("--trials", type=int, default=80, help="as python -m tuner")
     parser.add_argument("--patience", type=int, default=25, help="as python -m tuner (0: off)")
-    parser.add_argument("--gpu", type=int, default=0)
+    devices = parser.add_mutually_exclusive_group()
+    devices.add_argument("--gpu", type=int, default=None, help="device index (default: 0)")
+    devices.add_argument("--gpus", type=parse_devices, default=None, metavar="LIST",
+                         help="several GPUs as one search, as python -m tuner --gpus: device "
+                              "indices, e.g. 0,1 (the GPU figures are then per GPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sampler", default="default", help="as python -m tuner")
     parser.add_argument("--workers", type=int, default=None,
@@ -450,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with the CPU stand-in backend: seconds per evaluation")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.gpu is None:  # defaulted here: argparse takes an explicit 0 for the default
+        args.gpu = 0
     # Imported here, not at the top: each process the tuner spawns (compile workers, the GPU
     # child, the start-up process) imports this script as its __main__ again, and these pull
     # in Optuna, SQLAlchemy and the database layer; at the top they made the bench's one-time
@@ -463,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = options.evaluator.backend
         backend_options = ({"measure_s": args.standin_measure_s}
                            if args.standin_measure_s and backend == "tuner.testing" else None)
-        sampler, cpu = UtilizationSampler(args.gpu), CpuSampler()
+        sampler, cpu = UtilizationSampler(args.gpus or [args.gpu]), CpuSampler()
         sampler.start()
         cpu.start()
         started = time.perf_counter()
@@ -491,13 +522,14 @@ def main(argv: list[str] | None = None) -> int:
         compiled = compiled_configs(cache) if args.cache is None else None
     phases = evaluator.phases
     start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
+    gpus = len(args.gpus or [args.gpu])
     result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
-                    tuning_span=tuning_span)
+                    tuning_span=tuning_span, gpus=gpus)
     families = [f.name for f in options.families if f.offered_on(arch)]
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),
         "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu,
-                             workers, phases.spans.get(STARTUP_WAIT, [])),
+                             workers, phases.spans.get(STARTUP_WAIT, []), gpus),
         **({"compiles": {f: len(c) for f, c in compiled.items()}, "compiled": compiled}
            if compiled is not None else {}),
         "best_gflops": best,

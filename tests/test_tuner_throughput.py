@@ -465,3 +465,32 @@ def test_compiles_begun_ahead_use_only_idle_workers_and_a_later_submit_takes_the
         evaluator.evaluate(smem, configs[0], SMALL)
         assert pool.ahead_taken == 1  # a CUBIN is counted once
 
+
+
+def test_throughput_bench_on_two_gpus_reports_per_gpu(tmp_path):
+    """--gpus 0,1: one search on two stand-in GPUs; the GPU figures are per GPU, so two lanes
+    each busy half the time read 50 %, not 100 %."""
+    out = tmp_path / "throughput.json"
+    env = dict(os.environ, GEMMTUNE_GPU_BACKEND="tuner.testing", GEMMTUNE_STANDIN_GPUS="2")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--family", "naive",
+         "--shape", "64x48x32", "--timeout", "120", "--trials", "8", "--sampler", "random",
+         "--standin-measure-s", str(MEASURE_S), "--cache", str(tmp_path / "cubins"),
+         "--gpus", "0,1", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["gpus"] == 2 and "--gpus 0,1" in result["command"]
+    assert result["trials"] == 8 and result["gpu_answers"] == 8
+    busy = result["gpu_busy"]
+    assert busy["kernel_time_share"] == pytest.approx(
+        busy["kernel_time_s"] / (2 * result["tuning_s"]))
+    assert 0 < result["child_idle"]["child_busy_share"] <= 1
+    assert "per GPU, 2 GPUs" in done.stdout
+
+
+def test_throughput_bench_refuses_gpu_with_gpus(capsys):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--gpu", "0", "--gpus", "0,1"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
