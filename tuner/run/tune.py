@@ -128,11 +128,20 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: A
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
 
 
+# The main thread feeds the GPUs and the compile processes between short waits on their pipes,
+# while the storage writer and the model's refits run Python on other threads for tens of ms
+# per trial. At CPython's default switch interval (5 ms) each wake-up of the main thread could
+# wait that long for the GIL (docs/fleet.md, "What holds several GPUs back").
+SWITCH_INTERVAL_S = 0.0005
+
+
 def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_options: Any) -> Any:
     """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError.
     ``wait=False``: started, not yet ready (``LiveEvaluator.wait_started`` raises those).
     ``evaluator_options``: more of LiveEvaluator's (a benchmark's stand-in options)."""
     from tuner.measure.live import LiveEvaluator
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     return LiveEvaluator(options.devices, cache_dir=options.cache_dir, workers=options.workers,
                          trial_timeout_s=options.trial_timeout_s, backend=options.backend,
@@ -160,6 +169,7 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
         configure_logging(options.verbose)  # after Optuna's import, which sets its level
         if options.search.sampler in LEARNING:
             all_bundled()
+            import sklearn.ensemble  # noqa: F401  the first fit's import (0.7-2.5 s), not with the GPU idle
         evaluator.wait_started()
     except BaseException:
         evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
