@@ -323,17 +323,19 @@ def matmul(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
     lib, pa, pb, po, pbias, p, alpha, beta, device = _prepare(a, b, out, alpha, beta, precision, bias)
     if 0 in (p.m, p.n, p.k):
         return lib.library_gemm(a, b, out, alpha, beta, bias)
-    gpu, arch = device_info(device)
-    choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=p.m, n=p.n, k=p.k, precision=precision,
-                               source=source, strict=strict, layout=p.layout, batch=p.batch)
-    if choice.kind == "library":
-        return lib.library_gemm(a, b, out, alpha, beta, bias)
-    if out is None:
-        out = lib.empty((p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), a)
-        po = lib.operand("out", out)
-    # the kernels launch on the device's context; the caller's current device stays as it was
+    # the device's first look-up and the kernels make its context current; the caller's current
+    # device stays as it was
     token = lib.current()
     try:
+        gpu, arch = device_info(device)
+        choice = DISPATCHER.choose(device=device, gpu=gpu, arch=arch, m=p.m, n=p.n, k=p.k,
+                                   precision=precision, source=source, strict=strict,
+                                   layout=p.layout, batch=p.batch)
+        if choice.kind == "library":
+            return lib.library_gemm(a, b, out, alpha, beta, bias)
+        if out is None:
+            out = lib.empty((p.batch, p.m, p.n) if p.batch > 1 else (p.m, p.n), a)
+            po = lib.operand("out", out)
         run_kernel(choice, p, device, pa, pb, po, alpha, beta, bias=0 if pbias is None else pbias.ptr,
                    stream=lib.stream(device, a), scratch=lib.scratch(a))
     finally:

@@ -204,7 +204,10 @@ def tuned(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, precis
         return None
     ready = _READY.get(key)
     if ready is None:
+        before = T.get_device() if a.is_cuda else None  # making a plan makes its device current
         ready = _prepare(a, b, out, beta, bias, precision, source, exact_only)
+        if before is not None and T.get_device() != before:
+            T.set_device(before)
         if ready is None:
             return None
         if len(_READY) >= READY_MAX:
