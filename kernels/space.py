@@ -101,9 +101,40 @@ class Launch:
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
 
 
-def _expand_includes(file_name: str) -> str:
+def _expand_includes(file_name: str, read: list[str]) -> str:
+    read.append(file_name)
     text = (FAMILY_DIR / file_name).read_text()
-    return _INCLUDE.sub(lambda m: _expand_includes(m.group(1)), text)
+    return _INCLUDE.sub(lambda m: _expand_includes(m.group(1), read), text)
+
+
+def _stamps(files: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple((FAMILY_DIR / f).stat().st_mtime_ns for f in files)
+
+
+# Per family file: the files its text was read from, their modification times, the text and its
+# sha256. A tuner names every candidate's program by the source hash, thousands of times a study
+# (a read and a hash each: 2-5 ms of the main thread per trial); kept until a file changes, so
+# an edited kernel is never compiled under its old hash.
+_SOURCES: dict[str, tuple[tuple[str, ...], tuple[int, ...], str, str]] = {}
+
+
+def expanded_source(file_name: str) -> tuple[str, str]:
+    """A family file's CUDA text with our own `#include "x.cuh"` headers expanded in place, and
+    its sha256."""
+    kept = _SOURCES.get(file_name)
+    if kept is not None:
+        files, stamps, text, digest = kept
+        try:
+            if _stamps(files) == stamps:
+                return text, digest
+        except OSError:
+            pass
+    read: list[str] = []
+    text = _expand_includes(file_name, read)
+    files = tuple(read)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    _SOURCES[file_name] = (files, _stamps(files), text, digest)
+    return text, digest
 
 
 def div_up(a: int, b: int) -> int:
@@ -203,11 +234,11 @@ class Family:
     @property
     def source(self) -> str:
         """The family's CUDA text with our own `#include "x.cuh"` headers expanded in place."""
-        return _expand_includes(self.source_file)
+        return expanded_source(self.source_file)[0]
 
     @property
     def source_hash(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        return expanded_source(self.source_file)[1]
 
     def program(self, c: Config, layout: str = "nn", batch: int = 1, bias: bool = False) -> str:
         """The full CUDA text for one config and problem kind: compile-time parameters as macros

@@ -198,3 +198,24 @@ def test_every_slice_count_offered_has_its_own_reduction_loop():
         for p in fam.params:
             if p.name == "SPLITK":
                 assert set(p.values) - {1} <= known, (name, p.values, known)
+
+
+def test_a_family_source_is_read_again_when_it_or_an_include_changes(tmp_path, monkeypatch):
+    """The source and its hash are kept between calls (a tuner asks for them per candidate),
+    never past an edit: an edited kernel must not be compiled under its old hash."""
+    import os
+
+    from kernels import space
+
+    monkeypatch.setattr(space, "FAMILY_DIR", tmp_path)
+    monkeypatch.setattr(space, "_SOURCES", {})
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n__global__ void k() {}\n')
+    (tmp_path / "h.cuh").write_text("#define A 1\n")
+    text, first = space.expanded_source("k.cu")
+    assert text == "#define A 1\n\n__global__ void k() {}\n"
+    assert space.expanded_source("k.cu") == (text, first)  # kept
+    (tmp_path / "h.cuh").write_text("#define A 2\n")
+    stat = (tmp_path / "h.cuh").stat()
+    os.utime(tmp_path / "h.cuh", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    text2, second = space.expanded_source("k.cu")
+    assert "#define A 2" in text2 and second != first
