@@ -388,6 +388,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         self.learned, self.startup = learned, list(startup)
         self.background = background
         self._fitting: Future[np.ndarray] | None = None  # a background refit's prediction
+        # per trial number: its row of ``learned.configs`` (None: not one of them); a trial's
+        # params never change once asked, so each is keyed once, not at every ask
+        self._rows: dict[int, int | None] = {}
         self.rng = random.Random(seed)
         self.seed = seed
         self.varying = {n: d for n, d in distributions.items() if not d.single()}
@@ -453,14 +456,22 @@ class ModelSampler(optuna.samplers.BaseSampler):
         # an array over the accepted configs, not a key per config and ask (tens of thousands
         # of configs: ~0.1 s of the main thread per ask, the GPU idle)
         seen = np.zeros(len(self.learned.configs), dtype=bool)
-        for t in [*done, *running]:
-            if set(names) <= t.params.keys():
-                row = self.index.get(_key(t.params, self.names))
-                if row is not None:
-                    seen[row] = True
+        rows = [row for t in [*done, *running] if (row := self._row(t, names)) is not None]
+        seen[rows] = True
         measured = [t for t in done if t.user_attrs.get("state") not in COSTLESS
                     and set(names) <= t.params.keys() and t.value is not None]
         return seen, running, measured
+
+    def _row(self, trial: FrozenTrial, names: Sequence[str]) -> int | None:
+        """The trial's row of ``learned.configs``, or None where it is not one of them."""
+        try:
+            return self._rows[trial.number]
+        except KeyError:
+            row = (self.index.get(_key(trial.params, self.names))
+                   if set(names) <= trial.params.keys() else None)
+            if trial.params:  # (a trial being asked has none yet: not kept)
+                self._rows[trial.number] = row
+            return row
 
     def _waiting(self, running: Sequence[FrozenTrial]) -> dict[int, int]:
         """Configs in flight per geometry group."""
