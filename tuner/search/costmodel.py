@@ -111,18 +111,19 @@ def features(family: Any, config: Mapping[str, int], problem: Problem, target: T
     return _rows(family, [config], problem, target)[0].tolist()
 
 
-def _rows(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem, target: Target
-          ) -> np.ndarray:
-    """``features`` of each config, a row each. Column by column, not config by config: a
-    split-K space lists 214,440 configs, and building each row in Python took most of
-    ``matrix``'s time."""
+def _rows(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem, target: Target,
+          geometries: Sequence[Geometry] | None = None) -> np.ndarray:
+    """``features`` of each config, a row each (``geometries``: each config's, where the caller
+    has them already). Column by column, not config by config: a split-K space lists 214,440
+    configs, and building each row in Python took most of ``matrix``'s time."""
     x = np.full((len(configs), len(FEATURES)), math.nan)
     if not len(configs):
         return x
     # the launch geometry's columns once per geometry: configs of a family share few
     seen: dict[Geometry, int] = {}
-    which = np.fromiter((seen.setdefault(geometry(family, c, problem.m, problem.n, problem.k),
-                                         len(seen)) for c in configs),
+    if geometries is None:
+        geometries = [geometry(family, c, problem.m, problem.n, problem.k) for c in configs]
+    which = np.fromiter((seen.setdefault(g, len(seen)) for g in geometries),
                         dtype=np.intp, count=len(configs))
     values = np.array([_geometry_values(g, problem, target) for g in seen], dtype=np.float64)
     x[:, :len(GEOMETRY_FEATURES)] = values[which]
@@ -179,11 +180,11 @@ def _geometry_values(geom: Geometry, problem: Problem, target: Target) -> tuple[
 
 
 def matrix(family: Any, configs: Sequence[Mapping[str, int]], problem: Problem,
-           target: Target) -> np.ndarray:
+           target: Target, geometries: Sequence[Geometry] | None = None) -> np.ndarray:
     """Feature rows of configs of one problem. The prior's rate is only an order within a
     problem: it is divided by its largest value among ``configs`` (pass every accepted config,
     or every measured one of a full recording, so that the two mean the same)."""
-    x = _rows(family, configs, problem, target)
+    x = _rows(family, configs, problem, target, geometries)
     if len(x):
         column = x[:, PRIOR_RATE]
         top = column.max()
@@ -291,8 +292,11 @@ def _unit_rows(unit: Unit, examples: Sequence[Example]) -> UnitRows:
         return seen[1]
     first = examples[0]
     family = kernels.get_family(first.family)
-    usable = [e for e in examples if _geometry_ok(family, e)]
-    x = matrix(family, [e.config for e in usable], first.problem, first.target)
+    # each example's launch geometry once: whether the family can still lay it out, and its row
+    laid_out = [(e, g) for e in examples if (g := _geometry_of(family, e)) is not None]
+    usable = [e for e, _ in laid_out]
+    x = matrix(family, [e.config for e in usable], first.problem, first.target,
+               [g for _, g in laid_out])
     rows = ({_config_key(e.config): row for e, row in zip(usable, x)},
             max((e.gflops for e in usable), default=0.0))
     _unit_rows_kept[unit] = (key, rows)
@@ -481,12 +485,12 @@ def preload() -> None:
     import threadpoolctl  # noqa: F401
 
 
-def _geometry_ok(family: Any, example: Example) -> bool:
-    """Whether the family (as installed) can still lay out this config (a stored config of an
-    older version of the family may name values it no longer has)."""
+def _geometry_of(family: Any, example: Example) -> Geometry | None:
+    """The config's launch geometry, or None where the family (as installed) can no longer lay
+    it out (a stored config of an older version of the family may name values it no longer
+    has)."""
     try:
-        geometry(family, example.config, example.problem.m, example.problem.n,
-                 example.problem.k)
+        return geometry(family, example.config, example.problem.m, example.problem.n,
+                        example.problem.k)
     except (kernels.ConfigError, KeyError, ValueError, ZeroDivisionError):
-        return False
-    return True
+        return None
