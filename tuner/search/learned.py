@@ -467,9 +467,9 @@ class ModelSampler(optuna.samplers.BaseSampler):
         try:
             return self._rows[trial.number]
         except KeyError:
-            row = (self.index.get(_key(trial.params, self.names))
-                   if set(names) <= trial.params.keys() else None)
-            if trial.params:  # (a trial being asked has none yet: not kept)
+            whole = set(names) <= trial.params.keys()
+            row = self.index.get(_key(trial.params, self.names)) if whole else None
+            if whole or trial.state.is_finished():  # (not one still being asked)
                 self._rows[trial.number] = row
             return row
 
