@@ -493,3 +493,25 @@ def test_two_workers_search_as_one_search_with_twice_the_batch(tmp_path, monkeyp
     single, pair = sorted(single_found)[SEEDS // 2], sorted(pair_found)[SEEDS // 2]  # medians
     assert single < never, "the one search finds it"
     assert pair < never, (single_found, pair_found)
+
+
+@needs_pg
+def test_a_queued_retry_another_worker_took_and_finished_is_not_taken(tmp_path):
+    """Between a worker's pull and its take of a queued retry, another worker may take the
+    retry and finish it: the take is then refused, not an error that ends the worker (seen in
+    CI: UpdateFinishedTrialError out of the pair phase of tests/test_shared_study.py)."""
+    from tuner.search import fleet
+
+    with _pg_fleet(tmp_path) as (_, storage):
+        name = study_name(GPU, FAMILY, P)
+        shared = fleet.SharedStudy(storage, name, key_of=lambda t: tuple(sorted(t.params.items())),
+                                   claims=True, stale_check_every_s=HEARTBEAT)
+        params = space.params_from_config(FAMILY, _accepted(FAMILY)[0])
+        retry = _queue_retry(storage, shared.study_id, params, space.distributions(FAMILY))
+        seen = storage.get_trial(retry)  # this worker's pull: the retry still WAITING
+        assert seen.state == TrialState.WAITING
+        # another worker takes it and finishes its measurement
+        assert storage.set_trial_state_values(retry, TrialState.RUNNING)
+        storage.set_trial_state_values(retry, TrialState.COMPLETE, [1.0])
+        assert shared.take_waiting(seen) is False
+        assert retry not in shared.own

@@ -148,7 +148,11 @@ class SharedStudy:
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.own.add(trial_id)
         self._start_heartbeat(trial_id)
-        if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+        try:
+            taken = not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+        except optuna.exceptions.UpdateFinishedTrialError:  # taken and finished meanwhile
+            taken = True
+        if taken:
             self._stop_heartbeat(trial_id)
             self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
             self.others_open[trial_id] = self.storage.get_trial(trial_id)
@@ -167,8 +171,12 @@ class SharedStudy:
 
     def take_waiting(self, trial: FrozenTrial) -> bool:
         """Take a queued retry (WAITING → RUNNING, atomic in the storage); False: someone
-        else took it first."""
-        if not self.storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
+        else took it first (and may have measured it since this worker's last pull: the
+        storage then refuses the update as of a finished trial)."""
+        try:
+            if not self.storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
+                return False
+        except optuna.exceptions.UpdateFinishedTrialError:
             return False
         self.others_open.pop(trial._trial_id, None)
         self.own.add(trial._trial_id)
