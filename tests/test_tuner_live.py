@@ -199,21 +199,3 @@ def test_devices_must_be_distinct():
     with pytest.raises(ValueError, match="distinct"):
         LiveEvaluator([0, 0], backend="tuner.testing")
 
-
-def test_a_live_command_shortens_the_gil_switch_interval(tmp_path):
-    """The main thread's wake-ups (answers, compiles) must not wait CPython's default 5 ms for
-    the GIL behind the writer's and the refits' threads (docs/fleet.md)."""
-    import sys
-
-    from tuner.run.options import EvaluatorOptions
-    from tuner.run.tune import SWITCH_INTERVAL_S, start_live
-
-    before = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(0.005)
-        options = EvaluatorOptions(cache_dir=tmp_path, workers=1, backend="tuner.testing")
-        with start_live(options, wait=False):
-            assert SWITCH_INTERVAL_S < 0.005
-            assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-    finally:
-        sys.setswitchinterval(before)

@@ -128,20 +128,11 @@ def tune(options: Options, evaluator: Any, *, progress: bool = True, preparer: A
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
 
 
-# The main thread feeds the GPUs and the compile processes between short waits on their pipes,
-# while the storage writer and the model's refits run Python on other threads for tens of ms
-# per trial. At CPython's default switch interval (5 ms) each wake-up of the main thread could
-# wait that long for the GIL (docs/fleet.md, "What holds several GPUs back").
-SWITCH_INTERVAL_S = 0.0005
-
-
 def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_options: Any) -> Any:
     """The live evaluator (GPU child + compile pool); raises GpuUnavailable or RuntimeError.
     ``wait=False``: started, not yet ready (``LiveEvaluator.wait_started`` raises those).
     ``evaluator_options``: more of LiveEvaluator's (a benchmark's stand-in options)."""
     from tuner.measure.live import LiveEvaluator
-
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     return LiveEvaluator(options.devices, cache_dir=options.cache_dir, workers=options.workers,
                          trial_timeout_s=options.trial_timeout_s, backend=options.backend,
