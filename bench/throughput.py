@@ -284,22 +284,12 @@ def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
         database.close()
 
 
-def parse_devices(text: str) -> list[int]:
-    """Comma-separated distinct device indices, e.g. 0,1."""
-    parts = text.split(",")
-    if not all(p.strip().isdigit() for p in parts) or len(set(parts)) != len(parts):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: distinct device indices separated by commas, e.g. 0,1")
-    return [int(p) for p in parts]
-
-
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
 def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str]:
-    devices = (["--gpus", ",".join(map(str, args.gpus))] if args.gpus
-               else ["--gpu", str(args.gpu)])
+    devices = ["--gpus", args.gpus] if args.gpus else ["--gpu", str(args.gpu)]
     argv = [*devices, "--timeout", str(args.timeout), "--trials", str(args.trials),
             "--patience", str(args.patience), "--db", f"sqlite:///{db_path}",
             "--cache", str(cache), "--seed", str(args.seed), "--sampler", args.sampler]
@@ -463,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patience", type=int, default=25, help="as python -m tuner (0: off)")
     devices = parser.add_mutually_exclusive_group()
     devices.add_argument("--gpu", type=int, default=None, help="device index (default: 0)")
-    devices.add_argument("--gpus", type=parse_devices, default=None, metavar="LIST",
-                         help="several GPUs as one search, as python -m tuner --gpus: device "
-                              "indices, e.g. 0,1 (the GPU figures are then per GPU)")
+    devices.add_argument("--gpus", default=None, metavar="LIST|all",
+                         help="several GPUs as one search, passed to python -m tuner --gpus "
+                              "(which checks it): e.g. 0,1 or all; the GPU figures are then per GPU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sampler", default="default", help="as python -m tuner")
     parser.add_argument("--workers", type=int, default=None,
@@ -494,8 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = options.evaluator.backend
         backend_options = ({"measure_s": args.standin_measure_s}
                            if args.standin_measure_s and backend == "tuner.testing" else None)
-        sampler, cpu = UtilizationSampler(args.gpus or [args.gpu]), CpuSampler()
-        sampler.start()
+        cpu = CpuSampler()
         cpu.start()
         started = time.perf_counter()
         # the command's own one-time start: the processes first, the search's imports beside
@@ -504,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
         cpu.compiling = evaluator.pool.building
+        # NVML from here on, on the GPUs the command found ("all" is known only now): the
+        # one-time start is no part of the tuning time it is read over
+        sampler = UtilizationSampler(evaluator.devices)
+        sampler.start()
         tuning_from = time.monotonic()
         with evaluator:
             try:
@@ -522,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled = compiled_configs(cache) if args.cache is None else None
     phases = evaluator.phases
     start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
-    gpus = len(args.gpus or [args.gpu])
+    gpus = len(evaluator.devices)
     result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
                     tuning_span=tuning_span, gpus=gpus)
     families = [f.name for f in options.families if f.offered_on(arch)]

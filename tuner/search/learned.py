@@ -475,10 +475,8 @@ class ModelSampler(optuna.samplers.BaseSampler):
 
     def _waiting(self, running: Sequence[FrozenTrial]) -> dict[int, int]:
         """Configs in flight per geometry group."""
-        rows = [self.index.get(_key(t.params, self.names)) for t in running
-                if set(self.names) <= t.params.keys()]
-        groups, counts = np.unique(self.group[[r for r in rows if r is not None]],
-                                   return_counts=True)
+        rows = [row for t in running if (row := self._row(t, self.names)) is not None]
+        groups, counts = np.unique(self.group[rows], return_counts=True)
         return {int(g): int(c) for g, c in zip(groups, counts)}
 
     def _spread_best(self, unseen: np.ndarray, waiting: Mapping[int, int],
