@@ -46,10 +46,7 @@
 #include "cp_async.cuh"
 #include "wgmma_ops.cuh"
 
-// A CUtensorMap, opaque: 128 bytes, 64-byte aligned, passed by value as a __grid_constant__.
-struct __align__(64) TmaDesc {
-    unsigned long long v[16];
-};
+#include "tma_map.cuh"
 
 // Workspace layout (floats), mirrored by wgmma.py: [batch][splits][M][N] split-K partials (when
 // SPLIT), then A's big and small parts [batch][2][M][Kp], then B's aligned copy (used only when
@@ -156,44 +153,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     }
 }
 
-// ---- mbarrier, TMA and wgmma primitives (PTX, sm_90) ---------------------------------------
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2,
-                                            unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ unsigned long long kmajor_sw128_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3ffff) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-
-// Element (row r, column j < 32) of a TMA box whose rows are 128 bytes, 128-byte swizzle: the
-// 16-byte chunk index is XORed with the row index mod 8 (boxes are 1024-byte aligned).
-__device__ __forceinline__ unsigned sw128(unsigned box, int r, int j) {
-    return box + r * 128 + ((((j >> 2) ^ r) & 7) << 4) + (j & 3) * 4;
-}
+#include "hopper.cuh"
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB) {
