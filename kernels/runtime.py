@@ -102,8 +102,9 @@ def encode_tensor_map(tm: TensorMap, operands: dict[str, Operand], workspace: in
         raise ValueError(f"unknown tensor map base {tm.base!r}; expected 'a', 'b' or 'workspace'")
     swizzle = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
                64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}[tm.swizzle]
+    data_type = {"f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}[tm.element]
     return check(driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(tm.dims), address,
+        getattr(driver.CUtensorMapDataType, data_type), len(tm.dims), address,
         [driver.cuuint64_t(d) for d in tm.dims], [driver.cuuint64_t(s) for s in strides],
         [driver.cuuint32_t(x) for x in tm.box], [driver.cuuint32_t(1)] * len(tm.dims),
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, getattr(driver.CUtensorMapSwizzle, swizzle),

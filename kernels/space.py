@@ -35,8 +35,10 @@ _ACCEPTED: dict[tuple[type, str], list[dict[str, int]]] = {}
 # Arithmetic classes (Family.precision) and, per precision a caller may ask for
 # (gemmtune.matmul(precision=...), /api/best?precision=...), the classes it admits.
 # "ffma": plain FP32 fused multiply-adds on CUDA cores. "fp32-tc": FP32-accurate emulation on
-# tensor cores (operands split into TF32 parts, e.g. 3xTF32): same float64 error bound in the
-# tests, different rounding order. Plain TF32 (or anything less accurate) has no class here.
+# tensor cores (operands split into TF32 parts, 3xTF32, or into scaled FP16 parts where the data's
+# range allows and TF32 parts where not, decided on the device: f16x3): same float64 error bound
+# in the tests, different rounding order. Plain TF32 or FP16 (or anything less accurate) has no
+# class here.
 PRECISIONS: dict[str, tuple[str, ...]] = {"ffma": ("ffma",), "fp32": ("ffma", "fp32-tc")}
 
 
@@ -66,8 +68,9 @@ class Constraint:
 
 @dataclass(frozen=True)
 class TensorMap:
-    """A tiled FP32 view for the bulk tensor copy engine (TMA), encoded per call by the launcher
-    (cuTensorMapEncodeTiled) and passed by value after the common kernel arguments.
+    """A tiled view for the bulk tensor copy engine (TMA), encoded per call by the launcher
+    (cuTensorMapEncodeTiled) and passed by value after the common kernel arguments. Its elements
+    are FP32, or FP16 for a workspace view that a family's pre-pass wrote (`element`).
 
     base "workspace": the view starts `offset` bytes into the workspace, with `strides` given.
     base "a" / "b": the view is the call's A or B as stored, with its batch entries as the last
@@ -83,6 +86,7 @@ class TensorMap:
     offset: int = 0                # bytes from the workspace base
     swizzle: int = 128             # shared-memory swizzle span in bytes: 0, 32, 64 or 128
     fallback: "TensorMap | None" = None
+    element: str = "f32"           # "f32" or "f16"
 
 
 @dataclass(frozen=True)
