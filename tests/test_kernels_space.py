@@ -9,9 +9,9 @@ from kernels.space import enumerate_accepted
 
 
 def test_ladder_order_and_names():
-    assert [f.rung for f in FAMILIES.values()] == list(range(1, 12))
+    assert [f.rung for f in FAMILIES.values()] == list(range(1, 13))
     assert list(FAMILIES) == ["naive", "smem", "blocktile1d", "blocktile2d", "vectorized", "warptile",
-                              "pipelined", "splitk", "tf32x3", "skinny", "wgmma"]
+                              "pipelined", "splitk", "tf32x3", "skinny", "wgmma", "f16x3"]
 
 
 def test_unknown_family_lists_known():
@@ -122,8 +122,8 @@ def test_every_family_declares_its_arithmetic():
     for name, fam in FAMILIES.items():
         assert "precision" in vars(type(fam)), f"{name} inherits its precision instead of declaring it"
         assert fam.precision in classes, f"{name}: precision {fam.precision!r} not in {sorted(classes)}"
-    assert get_family("tf32x3").precision == get_family("wgmma").precision == "fp32-tc"
-    assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3", "wgmma"}
+    assert get_family("tf32x3").precision == get_family("wgmma").precision == get_family("f16x3").precision == "fp32-tc"
+    assert {n for n, f in FAMILIES.items() if f.precision == "ffma"} == set(FAMILIES) - {"tf32x3", "wgmma", "f16x3"}
 
 
 # ---- launch-time parameters (issue 19: configs differing only in them share one compile) ----

@@ -2,6 +2,7 @@
 from kernels.space import ConfigError, Family
 from kernels.families.blocktile1d import BlockTile1D
 from kernels.families.blocktile2d import BlockTile2D
+from kernels.families.f16x3 import F16x3
 from kernels.families.naive import Naive
 from kernels.families.pipelined import Pipelined, SplitK
 from kernels.families.skinny import Skinny
@@ -12,7 +13,7 @@ from kernels.families.warptile import WarpTile
 from kernels.families.wgmma import Wgmma
 
 LADDER = (Naive(), SharedMemory(), BlockTile1D(), BlockTile2D(), Vectorized(), WarpTile(), Pipelined(), SplitK(),
-          Tf32x3(), Skinny(), Wgmma())
+          Tf32x3(), Skinny(), Wgmma(), F16x3())
 
 FAMILIES: dict[str, Family] = {f.name: f for f in LADDER}
 
