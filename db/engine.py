@@ -8,6 +8,8 @@ when another writer committed in between.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -39,7 +41,7 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _use_wal(cursor)
             # In WAL mode NORMAL still survives a killed process; only power loss can drop
             # the last commits.
             cursor.execute("PRAGMA synchronous = NORMAL")
@@ -53,3 +55,20 @@ def _sqlite_engine(url: URL) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Switch the file to WAL once (the mode is stored in the file). The switch needs the file to
+    itself and SQLite can refuse it at once, busy timeout or not, while other processes open a
+    fresh database at the same moment (seen as "database is locked" from one of four writers
+    opening one file): retry until the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
