@@ -25,7 +25,7 @@ def test_starting_points_compile_for_sm90a_without_spills(tmp_path):
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         for (config, _), (resources, log, _cubin) in zip(jobs, pool.map(_compile, jobs)):
             assert "sm_90a" in log, "wgmma and setmaxnreg need the arch-specific target"
-            for name in ("gemm", "gemm_scale", "gemm_decide", "gemm_pack"):
+            for name in ("gemm", "gemm_scale", "gemm_pack"):
                 r = resources[name]
                 assert (r.spill_store_bytes, r.spill_load_bytes, r.stack_bytes) == (0, 0, 0), (name, config, log)
             assert ("gemm_splitk_reduce" in resources) == (config["SPLITK"] > 1)
@@ -69,10 +69,10 @@ def test_launch_plan_and_workspace_layout(shape, splitk, batch):
     m, n, k = shape
     config = dict(FAMILY.starting_points[0], SPLITK=splitk)
     launches = FAMILY.launches(config, m, n, k, "nt", batch)
-    assert [l.kernel for l in launches] == (["gemm_scale", "gemm_decide", "gemm_pack", "gemm"]
+    assert [l.kernel for l in launches] == (["gemm_scale", "gemm_pack", "gemm"]
                                             + (["gemm_splitk_reduce"] if splitk > 1 else []))
-    scale, decide, pack, main = launches[:4]
-    assert scale.grid == (-(-m // 32) - (-n // 32), 1, batch) and decide.grid == (1, 1, batch)
+    scale, pack, main = launches[:3]
+    assert scale.grid == (-(-m // 32) - (-n // 32), 1, batch)
     assert pack.grid[1:] == (2, batch) and main.grid[2] == batch * splitk
     ws = layout.workspace_layout(config, m, n, k, batch)
     k16, k32 = -(-k // 8) * 8, -(-k // 4) * 4

@@ -12,11 +12,11 @@
 // FP16 cannot hold a row whose elements span more than RANGE_LIMIT binades (the smallest would
 // lose bits of their low part). Where any row of A or column of B does, or holds an Inf or NaN,
 // the same kernel runs 3xTF32 instead (TF32 keeps FP32's exponent range): a decision made on the
-// device for each batch entry (gemm_decide), so the host never waits and no answer is silently
-// wrong (docs/kernels.md, "f16x3: the range check and the TF32 path").
+// device for each batch entry (in gemm_pack), so the host never waits and no answer is silently
+// wrong (docs/kernels.md, "The range check and the TF32 path").
 //
 // Passes: gemm_scale (each operand row's largest magnitude, and whether its rows fit FP16),
-// gemm_decide (the path), gemm_pack (both operands split, K-major, into the workspace: [2][rows][Kp] FP16
+// gemm_pack (the path; both operands split, K-major, into the workspace: [2][rows][Kp] FP16
 // hi/lo parts, or TF32 big/small parts as FP32), gemm (TMA ring of both operands' parts, one
 // producer warpgroup and WGS consumer warpgroups issuing wgmma with both operands read from
 // shared memory; the split-K reduction as in every family).
@@ -27,6 +27,7 @@
 #define STAGE_BYTES (2 * ATOMS * (A_ATOM_BYTES + B_ATOM_BYTES))  // A hi, A lo, B hi, B lo
 #define RANGE_LIMIT 28   // binades from a row's largest to its smallest nonzero element
 #define TOP_EXPONENT 14  // each row's largest element is scaled into [2^14, 2^15)
+#define PACK_K 64        // k per tile of gemm_pack
 #if WGS == 1
 #define CONSUMER_REGS 0
 #elif WGS == 2
@@ -146,19 +147,6 @@ extern "C" __global__ void __launch_bounds__(256) gemm_scale(GEMM_ARGS) {
     }
 }
 
-// One block per batch entry: flag = 1 (TF32 path) where any block of rows of A or B does not fit.
-extern "C" __global__ void __launch_bounds__(1024) gemm_decide(GEMM_ARGS) {
-    const int batch = gridDim.z;
-    const long long entry = blockIdx.z;
-    const Layout l = workspace_layout(M, N, K, splits, batch);
-    const int blocks = row_blocks(M, N);
-    const int* fits = at<int>(workspace, l.fits) + entry * blocks;
-    bool bad = false;
-    for (int i = threadIdx.x; i < blocks; i += blockDim.x) bad |= !fits[i];
-    bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) at<int>(workspace, l.flags)[entry] = bad;
-}
-
 // The power of two that scales a row with largest magnitude `top` into [2^14, 2^15).
 __device__ __forceinline__ int row_shift(unsigned top) {
     return top == 0 ? 0 : TOP_EXPONENT - ilogbf(__uint_as_float(top));
@@ -187,7 +175,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const long long entry = blockIdx.z;
     const int op = blockIdx.y;
     const Layout l = workspace_layout(M, N, K, splits, batch);
-    const bool tf32 = at<int>(workspace, l.flags)[entry] != 0;
+    // The path: TF32 where any block of rows of A or B does not fit FP16. Every block works it out
+    // from gemm_scale's words (one per 32 rows, a load or so per thread) rather than a launch of
+    // its own deciding it first; one block writes it down for gemm.
+    const int blocks = row_blocks(M, N);
+    const int* fits = at<int>(workspace, l.fits) + entry * blocks;
+    bool misfit = false;
+    for (int i = threadIdx.x; i < blocks; i += blockDim.x) misfit |= !fits[i];
+    const bool tf32 = __syncthreads_or(misfit);
+    if (blockIdx.x == 0 && op == 0 && threadIdx.x == 0) at<int>(workspace, l.flags)[entry] = tf32;
     const int rows = op == 0 ? M : N;
     const float* X = op == 0 ? A + entry * stride_a : B + entry * stride_b;
     const int ld = op == 0 ? lda : ldb;
@@ -198,18 +194,22 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     // of that), so that batch entries on different paths do not overlap.
     const long long part = 4ll * rows * padded4(K);
     char* base = reinterpret_cast<char*>(workspace) + (op == 0 ? l.apack : l.bpack) + entry * 2 * part;
-    __shared__ float tile[32][33];  // [k][r], padded: both passes are free of bank conflicts
+    // [k][r], padded: stores free of bank conflicts, reads 2-way at worst. 64 k a tile: eight
+    // loads in flight per thread, and each row's stores fill whole 128-byte lines on the FP16 path.
+    __shared__ float tile[PACK_K][33];
     const int r_tiles = DIV_UP(rows, 32);
-    const long long tiles = (long long)r_tiles * DIV_UP(Kp, 32);
+    const long long tiles = (long long)r_tiles * DIV_UP(Kp, PACK_K);
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform per block: it syncs
-        const int r0 = (int)(t % r_tiles) * 32, k0 = (int)(t / r_tiles) * 32;
-        for (int j = threadIdx.x; j < 32 * 32; j += blockDim.x) {
-            const int kk = ak ? j % 32 : j / 32, rr = ak ? j / 32 : j % 32;
+        const int r0 = (int)(t % r_tiles) * 32, k0 = (int)(t / r_tiles) * PACK_K;
+#pragma unroll
+        for (int j = threadIdx.x; j < 32 * PACK_K; j += 256) {
+            const int kk = ak ? j % PACK_K : j / 32, rr = ak ? j / PACK_K : j % 32;
             tile[kk][rr] = k0 + kk < K && r0 + rr < rows ? element(X, ld, ak, r0 + rr, k0 + kk) : 0.0f;
         }
         __syncthreads();
-        for (int j = threadIdx.x; j < 32 * 8; j += blockDim.x) {
-            const int rr = j / 8, q = j % 8, r = r0 + rr, k = k0 + 4 * q;
+#pragma unroll
+        for (int j = threadIdx.x; j < 32 * PACK_K / 4; j += 256) {
+            const int rr = j / (PACK_K / 4), q = j % (PACK_K / 4), r = r0 + rr, k = k0 + 4 * q;
             if (r >= rows || k >= Kp) continue;
             const long long idx = (long long)r * Kp + k;
             if (tf32) {

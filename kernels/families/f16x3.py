@@ -5,8 +5,8 @@ from kernels.families.blocktile2d import RASTER
 from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
 
 THREADS = 256
-DECIDE_THREADS = 1024
 PACK_MAX_BLOCKS = 4096
+PACK_K = 64  # k per tile of gemm_pack (f16x3.cu)
 # Registers a consumer thread may hold after setmaxnreg (f16x3.cu: CONSUMER_REGS; one consumer
 # warpgroup keeps the 255 cap of a 256-thread block).
 CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
@@ -128,10 +128,9 @@ class F16x3(Family):
         main = dataclasses.replace(gemm_launches[0], tensor_maps=(a16, b16, a32, b32))
         values = self.launch_values(c)
         scale = Launch("gemm_scale", (div_up(m, 32) + div_up(n, 32), 1, batch), (THREADS, 1, 1), 0, **values)
-        decide = Launch("gemm_decide", (1, 1, batch), (DECIDE_THREADS, 1, 1), 0, **values)
-        tiles = div_up(max(m, n), 32) * div_up(k16, 32)
+        tiles = div_up(max(m, n), 32) * div_up(k16, PACK_K)
         pack = Launch("gemm_pack", (min(tiles, PACK_MAX_BLOCKS), 2, batch), (THREADS, 1, 1), 0, **values)
-        return [scale, decide, pack, main, *gemm_launches[1:]]
+        return [scale, pack, main, *gemm_launches[1:]]
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:
         return workspace_layout(c, m, n, k, batch).end
