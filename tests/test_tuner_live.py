@@ -171,6 +171,43 @@ def test_two_gpus_are_one_evaluator_each_candidate_on_the_less_busy_one(tmp_path
         assert not any(lane.queued for lane in evaluator.lanes)
 
 
+def test_a_study_on_two_gpus_keeps_a_queue_waiting_at_each(tmp_path):
+    """The search hands the evaluator as many candidates as it takes, a queue per GPU child; it
+    once kept one queue's worth in all (three for four GPUs left one idle at every moment)."""
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    with LiveEvaluator([0, 1], cache_dir=tmp_path / "cubins", workers=2, backend="tuner.testing",
+                       backend_options={"measure_s": 0.3}) as evaluator:
+        assert evaluator.tickets == 2 * evaluator.queue_depth
+        outstanding: set[int] = set()
+        most = 0
+        submit, collect = evaluator.submit, evaluator.collect
+
+        def counting_submit(*args):
+            nonlocal most
+            ticket = submit(*args)
+            outstanding.add(id(ticket))
+            most = max(most, len(outstanding))
+            return ticket
+
+        def counting_collect(ticket):
+            answer = collect(ticket)
+            outstanding.discard(id(ticket))
+            return answer
+
+        evaluator.submit, evaluator.collect = counting_submit, counting_collect
+        info = evaluator.info()
+        session = Session(database=database, evaluator=evaluator,
+                          storage=optuna.storages.RDBStorage(database.url),
+                          gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                          sampler="random", batch=evaluator.batch, progress=False)
+        naive = kernels.get_family("naive")
+        outcome = run_study(session, naive, Problem(128, 128, 128),
+                            Budget(trials=16, timeout_s=300, patience=None))
+    database.close()
+    assert outcome.measured_now == 16
+    assert most > evaluator.queue_depth, f"at most {most} candidates with two GPUs at once"
+
+
 def test_a_fault_on_one_gpu_replaces_only_that_gpus_process(tmp_path):
     cache = tmp_path / "cubins"
     faults = {cubin_digest(PLANTED_ILLEGAL_ADDRESS, cache): "fault"}

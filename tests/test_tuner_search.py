@@ -134,7 +134,7 @@ class _CompilesOutOfOrder(StandInEvaluator):
     """An asynchronous evaluator whose compiles finish only when waited for, the third
     prepared of those waited on first: a slow compile at the window's head."""
 
-    queue_depth = 2
+    tickets = 2
 
     def __init__(self) -> None:
         super().__init__()

@@ -90,13 +90,13 @@ class Evaluator(Protocol):
 # may offer ``discard(family, config)`` to drop its compile (cancelled where not begun).
 
 # Asynchronous measurement (issue 19). An evaluator may offer ``submit(family, config, problem)
-# -> ticket`` and ``collect(ticket) -> Measurement`` (answered in submission order) and a
-# ``queue_depth``: how many tickets it takes at once. These helpers give every other evaluator
-# the same shape: depth 1, measured at collect, exactly as a plain ``evaluate`` call.
+# -> ticket`` and ``collect(ticket) -> Measurement`` (answered in submission order) and
+# ``tickets``: how many it takes at once, all its GPUs together. These helpers give every other
+# evaluator the same shape: one ticket, measured at collect, exactly as a plain ``evaluate`` call.
 
 
-def queue_depth(evaluator: Any) -> int:
-    return max(1, int(getattr(evaluator, "queue_depth", 1)))
+def tickets(evaluator: Any) -> int:
+    return max(1, int(getattr(evaluator, "tickets", 1)))
 
 
 def asynchronous(evaluator: Any) -> bool:

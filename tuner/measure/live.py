@@ -5,7 +5,7 @@ candidate that kills the CUDA context (GpuFault), the child process, or hangs pa
 is recorded as crashed / timeout, and the child is replaced and given the problem again.
 
 Requests are asynchronous (``submit`` / ``collect``, issue 19): up to ``QUEUE_DEPTH`` candidates
-wait in the child's pipe, answered in order. A failure of the one being measured replaces the
+wait in each child's pipe, answered in order. A failure of the one being measured replaces the
 child and hands the ones queued behind it, unmeasured, to the new child.
 
 Several GPUs of one host (``device`` a list, or "all") are one evaluator: one compile pool, and
@@ -547,10 +547,17 @@ class LiveEvaluator:
         self._warming = None
 
     @property
+    def tickets(self) -> int:
+        """Candidates it takes at once: ``queue_depth`` for each GPU child. (The search once
+        kept ``queue_depth`` in all: three in flight for four GPUs left one idle at every
+        moment; docs/fleet.md, "What holds several GPUs back".)"""
+        return self.queue_depth * len(self.lanes)
+
+    @property
     def batch(self) -> int:
         """How many candidates the search should keep in flight: one compiling per worker
         besides those queued with the GPU children, so compiles run ahead of the GPUs."""
-        return self.pool.workers + self.queue_depth * len(self.lanes)
+        return self.pool.workers + self.tickets
 
     def info(self) -> dict[str, Any]:
         return dict(self.child.info)

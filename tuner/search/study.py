@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, asynchronous,
-                                     collect, queue_depth, submit)
+                                     collect, submit, tickets)
 from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
 from tuner.measure.resources import Resources
 from tuner.problem import ConfigKey, Problem, config_key
@@ -413,7 +413,7 @@ class StudyRun:
         self.nudges = random.Random(session.seed)
         self.pending: deque[_Pending] = deque()  # asked, compiling, not yet submitted
         self.submitted: deque[_Submitted] = deque()  # with the evaluator, in order
-        self.depth = queue_depth(session.evaluator)
+        self.depth = tickets(session.evaluator)  # submitted at once, all GPUs together
         self.phases = session.phases
         self.measured_now = 0
         self.deadline: float | None = None  # the loop's time limit (monotonic), if any
