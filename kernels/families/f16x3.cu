@@ -41,6 +41,7 @@
 #include "tma_map.cuh"
 #include "hopper.cuh"
 #include "wgmma_ss.cuh"
+#include "tf32_big.cuh"
 
 // Workspace, mirrored by f16x3.py (byte offsets, each rounded up to 256): split-K partials
 // [batch][splits][M][N] floats; the path flag per batch entry (int); each row's largest |x| as
@@ -161,11 +162,7 @@ __device__ __forceinline__ float f16_value(unsigned short h) {
     asm("cvt.f32.f16 %0, %1;\n" : "=f"(x) : "h"(h));
     return x;
 }
-__device__ __forceinline__ float tf32_round(float x) {
-    unsigned big;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-    return __uint_as_float(big);
-}
+__device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(tf32_big(x)); }
 
 // Both operands to their K-major parts, tile by tile (32 rows x 32 k through shared memory, so
 // that the reads are coalesced whichever way the operand is stored and the stores run along k).

@@ -76,11 +76,7 @@ __device__ __forceinline__ bool a_split_in_kernel(const float* A, int lda, long 
 // truncation of small and the dropped small*small term then err both ways instead of always
 // toward zero (with big = x truncated, uniform [0,1) inputs measured 1.85x cuBLAS FP32's error
 // even with FLUSH = 1; docs/kernels.md, "Accuracy: FLUSH and round-to-nearest splits").
-__device__ __forceinline__ unsigned tf32_big(float x) {
-    unsigned big;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-    return big;
-}
+#include "tf32_big.cuh"
 
 __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
     big = __uint_as_float(tf32_big(x));
