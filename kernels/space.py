@@ -88,6 +88,12 @@ class TensorMap:
     fallback: "TensorMap | None" = None
     element: str = "f32"           # "f32" or "f16"
 
+    def __post_init__(self) -> None:
+        if self.element not in ("f32", "f16"):
+            raise ValueError(f"TensorMap element must be 'f32' or 'f16', got {self.element!r}")
+        if self.element != "f32" and self.base != "workspace":
+            raise ValueError("an FP16 TensorMap views the workspace (a pre-pass's copy); A and B are FP32")
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -94,3 +94,10 @@ def test_launch_plan_and_workspace_layout(shape, splitk, batch):
         assert all(s % 16 == 0 for s in tm.strides) and tm.offset % 16 == 0
         assert all(1 <= x <= 256 for x in tm.box) and tm.box[0] * (2 if tm.element == "f16" else 4) == 128
 
+
+
+def test_a_tensor_map_element_is_fp32_or_a_workspace_fp16():
+    with pytest.raises(ValueError, match="'f32' or 'f16'"):
+        TensorMap("workspace", dims=(8, 8, 1), box=(8, 8, 1), element="bf16")
+    with pytest.raises(ValueError, match="FP16 TensorMap views the workspace"):
+        TensorMap("a", dims=(8, 8, 1), box=(8, 8, 1), element="f16")
