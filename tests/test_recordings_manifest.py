@@ -68,3 +68,13 @@ def test_an_old_name_resolves_beside_a_copy_first_and_a_file_there_wins(tmp_path
     assert resolve(tmp_path / OLD) == tmp_path / NEW
     (tmp_path / OLD).write_bytes((BUNDLED_RECORDINGS / NEW).read_bytes())
     assert resolve(tmp_path / OLD) == tmp_path / OLD  # a file under that name is that file
+
+
+def test_a_gpu_models_recordings_are_loaded_by_the_manifests_word_and_are_those_it_holds():
+    """bundled(gpu), which opens only the files MANIFEST.json lists for that GPU model, returns
+    exactly what filtering every bundled recording by its header gives, in the same order."""
+    from tuner.measure import recording
+
+    for gpu in sorted({entry["gpu"] for entry in recording.manifest()["recordings"].values()}):
+        assert recording.bundled(gpu) == [r for r in recording.all_bundled() if r.gpu["name"] == gpu]
+    assert recording.bundled("NVIDIA A100-SXM4-80GB") == []
