@@ -33,3 +33,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def hopper_cupy():
+    """CuPy on a Hopper GPU (sm_90), which the wgmma families need; skipped elsewhere."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        major = cupy.cuda.Device(0).compute_capability
+    except Exception as e:  # no driver or device
+        pytest.skip(f"no usable GPU: {e}")
+    if major != "90":
+        pytest.skip(f"the Hopper families need sm_90, this GPU is sm_{major}")
+    return cupy

@@ -7,11 +7,9 @@ Run on the GPU host: python -m pytest -m gpu tests/test_f16x3_gpu.py
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from bench_support import bench_module
 
 import kernels
 from kernels import runtime
@@ -19,28 +17,17 @@ from kernels.families.f16x3 import workspace_layout
 from kernels.reference import relative_error, tolerance
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
 FAMILY = kernels.get_family("f16x3")
 CONFIG = dict(FAMILY.starting_points[0])
 
 
 @pytest.fixture(scope="module")
-def cp():
-    cupy = pytest.importorskip("cupy")
-    try:
-        major = cupy.cuda.Device(0).compute_capability
-    except Exception as e:  # no driver or device
-        pytest.skip(f"no usable GPU: {e}")
-    if major != "90":
-        pytest.skip(f"f16x3 needs sm_90, this GPU is sm_{major}")
-    return cupy
+def cp(hopper_cupy):
+    return hopper_cupy
 
 
 def _accuracy():
-    spec = importlib.util.spec_from_file_location("bench_accuracy", ROOT / "bench" / "accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("accuracy")
 
 
 def _run(cp, config, a, b, c0, m, n, k, layout="nn", batch=1, misaligned=False):

@@ -6,37 +6,24 @@ Run on the GPU host: python -m pytest -m gpu tests/test_wgmma_gpu.py
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from bench_support import bench_module
 
 import kernels
 from kernels.reference import relative_error, tolerance
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
 FAMILY = kernels.get_family("wgmma")
 
 
 @pytest.fixture(scope="module")
-def cp():
-    cupy = pytest.importorskip("cupy")
-    try:
-        major = cupy.cuda.Device(0).compute_capability
-    except Exception as e:  # no driver or device
-        pytest.skip(f"no usable GPU: {e}")
-    if major != "90":
-        pytest.skip(f"wgmma needs sm_90, this GPU is sm_{major}")
-    return cupy
+def cp(hopper_cupy):
+    return hopper_cupy
 
 
 def _accuracy():
-    spec = importlib.util.spec_from_file_location("bench_accuracy", ROOT / "bench" / "accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("accuracy")
 
 
 # Each starting point with A split by the pre-pass and, where A is aligned, in shared memory.

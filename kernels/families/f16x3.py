@@ -2,14 +2,12 @@
 import dataclasses
 
 from kernels.families.blocktile2d import RASTER
-from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
+from kernels.families.hopper import CONSUMER_REGS, HopperFamily
+from kernels.space import Config, Constraint, Launch, Param, TensorMap, div_up
 
 THREADS = 256
 PACK_MAX_BLOCKS = 4096
 PACK_K = 64  # k per tile of gemm_pack (f16x3.cu)
-# Registers a consumer thread may hold after setmaxnreg (f16x3.cu: CONSUMER_REGS; one consumer
-# warpgroup keeps the 255 cap of a 256-thread block).
-CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
 REGS_BESIDE_TILES = 32  # descriptors, addresses and loop state
 MAX_BOX_ROWS = 256      # a TMA box spans at most 256 rows
 
@@ -59,7 +57,7 @@ def workspace_layout(c: Config, m: int, n: int, k: int, batch: int = 1) -> Works
     return WorkspaceLayout(flags, amax, bmax, fits, apack, bpack, bpack + round256(8 * batch * n * padded(k, 4)))
 
 
-class F16x3(Family):
+class F16x3(HopperFamily):
     name = "f16x3"
     rung = 12
     description = ("FP32 accuracy from FP16 tensor cores: each row of A and column of B scaled by a power of "
@@ -68,8 +66,6 @@ class F16x3(Family):
                    "3xTF32 in the same kernel where a row's range does not fit FP16, decided on the device.")
     source_file = "f16x3.cu"
     precision = "fp32-tc"
-    architectures = ("sm_90",)
-    architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
     params = (
         Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)"),
         Param("MW", (1, 2), "64-row wgmma tiles per consumer warpgroup (BM = 64 * MW * WGS)"),
@@ -92,12 +88,6 @@ class F16x3(Family):
         for values in ((2, 1, 128, 1, 3, 4, 1, 8), (2, 1, 96, 1, 4, 4, 1, 8), (2, 1, 64, 1, 4, 4, 1, 8),
                        (1, 2, 64, 1, 4, 4, 1, 8), (2, 1, 128, 1, 3, 4, 4, 8))
     )
-
-    def target(self, arch: str) -> str:
-        return "sm_90a" if arch == "sm_90" else arch
-
-    def threads(self, c: Config) -> int:
-        return 128 * (c["WGS"] + 1)
 
     def shared_bytes(self, c: Config) -> int:
         # 1 KiB of slack to align the swizzled tiles, and two mbarriers per stage.

@@ -2,14 +2,12 @@
 import dataclasses
 
 from kernels.families.blocktile2d import RASTER
+from kernels.families.hopper import CONSUMER_REGS, HopperFamily
 from kernels.layout import transposed
-from kernels.space import Config, Constraint, Family, Launch, Param, TensorMap, div_up
+from kernels.space import Config, Constraint, Launch, Param, TensorMap, div_up
 
 PACK_THREADS = 256
 PACK_MAX_BLOCKS = 4096
-# Registers a consumer thread may hold after setmaxnreg (wgmma.cu: CONSUMER_REGS; one consumer
-# warpgroup keeps the 255 cap of a 256-thread block).
-CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
 REGS_BESIDE_TILES = 32  # addresses, loop state and descriptors, beside accumulators and fragments
 
 
@@ -53,7 +51,7 @@ def b_copy_floats(layout: str, n: int, k: int) -> int:
     return n * padded(k) if transposed(layout)[1] else k * padded(n)
 
 
-class Wgmma(Family):
+class Wgmma(HopperFamily):
     name = "wgmma"
     rung = 11
     description = ("Hopper path to FP32 accuracy: 3xTF32 on warpgroup MMAs (wgmma) fed by TMA through an "
@@ -61,8 +59,6 @@ class Wgmma(Family):
                    "big/small parts, B split in registers; optional split-K.")
     source_file = "wgmma.cu"
     precision = "fp32-tc"
-    architectures = ("sm_90",)
-    architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
     params = (
         Param("BM", (64, 96, 128), "rows of C per block (the wgmma N extent)"),
         Param("BK", (32, 64), "depth of a shared-memory stage (32-deep swizzle atoms)"),
@@ -93,12 +89,6 @@ class Wgmma(Family):
                        (64, 64, 2, 1, 2, 4, 1, 8, 0), (64, 32, 3, 1, 3, 4, 1, 8, 0), (128, 32, 2, 1, 4, 4, 4, 8, 0),
                        (64, 32, 2, 1, 3, 4, 4, 8, 0), (64, 32, 2, 1, 6, 4, 16, 4, 0), (128, 64, 2, 1, 2, 4, 1, 8, 1))
     )
-
-    def target(self, arch: str) -> str:
-        return "sm_90a" if arch == "sm_90" else arch
-
-    def threads(self, c: Config) -> int:
-        return 128 * (c["WGS"] + 1)
 
     def shared_bytes(self, c: Config) -> int:
         # 1 KiB of slack to align the swizzled tiles, and two mbarriers per stage.

@@ -148,16 +148,20 @@ class SharedStudy:
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.own.add(trial_id)
         self._start_heartbeat(trial_id)
-        try:
-            taken = not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING)
-        except optuna.exceptions.UpdateFinishedTrialError:  # taken and finished meanwhile
-            taken = True
-        if taken:
+        if not self._turn_running(trial_id):
             self._stop_heartbeat(trial_id)
             self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
             self.others_open[trial_id] = self.storage.get_trial(trial_id)
             return None
         return trial_id, self.storage.get_trial_number_from_id(trial_id)
+
+    def _turn_running(self, trial_id: int) -> bool:
+        """WAITING → RUNNING, atomic in the storage; False where another worker took the trial
+        first, or took it and finished it already (the storage then refuses the update)."""
+        try:
+            return self.storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
 
     def claimed_before(self, key: ConfigKey, trial_id: int) -> bool:
         """Whether another open trial of the same config has a lower trial id: a claim, or a
@@ -170,13 +174,9 @@ class SharedStudy:
         return any(i < trial_id and self.key_of(t) == key for i, t in self.others_open.items())
 
     def take_waiting(self, trial: FrozenTrial) -> bool:
-        """Take a queued retry (WAITING → RUNNING, atomic in the storage); False: someone
-        else took it first (and may have measured it since this worker's last pull: the
-        storage then refuses the update as of a finished trial)."""
-        try:
-            if not self.storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
-                return False
-        except optuna.exceptions.UpdateFinishedTrialError:
+        """Take a queued retry (WAITING → RUNNING); False: someone else took it first (and may
+        have measured it since this worker's last pull)."""
+        if not self._turn_running(trial._trial_id):
             return False
         self.others_open.pop(trial._trial_id, None)
         self.own.add(trial._trial_id)

@@ -1,0 +1,19 @@
+"""What the Hopper families (wgmma, f16x3) share: sm_90a only, one producer warpgroup beside WGS
+consumer warpgroups, and the registers the consumers may take after setmaxnreg."""
+from kernels.space import Config, Family
+
+# Registers a consumer thread may hold after setmaxnreg (CONSUMER_REGS in wgmma.cu and
+# f16x3.cu: 128 x 40 + 256 x 232 and 128 x 40 + 384 x 152 fit 64 K registers; one consumer
+# warpgroup keeps the 255 cap of a 256-thread block).
+CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
+
+
+class HopperFamily(Family):
+    architectures = ("sm_90",)
+    architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
+
+    def target(self, arch: str) -> str:
+        return "sm_90a" if arch == "sm_90" else arch
+
+    def threads(self, c: Config) -> int:
+        return 128 * (c["WGS"] + 1)
