@@ -90,8 +90,11 @@ __device__ __forceinline__ bool row_fits_fp16(unsigned top, unsigned bottom) {
 }
 
 // Per block of 32 operand rows: each row's largest |x| (its scale) and whether all 32 rows fit
-// FP16. Block x covers rows 32x.. of A, then of B; 256 threads; four loads in flight per thread.
-extern "C" __global__ void __launch_bounds__(256) gemm_scale(GEMM_ARGS) {
+// FP16. Block x covers rows 32x.. of A, then of B. 1024 threads (32 warps), four loads in flight
+// each: a pass that only reads must keep many loads in flight to reach DRAM's bandwidth, and
+// 256-thread blocks with a loop over rows measured at half of it (docs/kernels.md, "f16x3: the passes").
+#define SCALE_THREADS 1024
+extern "C" __global__ void __launch_bounds__(SCALE_THREADS, 2) gemm_scale(GEMM_ARGS) {
     const int batch = gridDim.z;
     const int entry = blockIdx.z;
     const int a_blocks = DIV_UP(M, 32);
@@ -101,45 +104,37 @@ extern "C" __global__ void __launch_bounds__(256) gemm_scale(GEMM_ARGS) {
     const float* X = op == 0 ? A + entry * stride_a : B + entry * stride_b;
     const int ld = op == 0 ? lda : ldb;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __shared__ unsigned top[8][32], bottom[8][32];
+    __shared__ unsigned top[32][33], bottom[32][33];
     unsigned hi = 0, lo = 0xffffffffu;
-    if (along_k(op)) {  // a warp per row at a time (4 rows each), lanes along k
-        for (int i = 0; i < 4; ++i) {
-            const int rl = warp + 8 * i, r = r0 + rl;
-            unsigned h = 0, l = 0xffffffffu;
-            if (r < rows) {
-                const float* row = X + (size_t)r * ld;
+    if (along_k(op)) {  // a warp per row, lanes along k
+        const int r = r0 + warp;
+        if (r < rows) {
+            const float* row = X + (size_t)r * ld;
 #pragma unroll 4
-                for (int k = lane; k < K; k += 32) {
-                    const unsigned bits = __float_as_uint(row[k]) & 0x7fffffffu;
-                    h = max(h, bits);
-                    l = bits ? min(l, bits) : l;
-                }
+            for (int k = lane; k < K; k += 32) {
+                const unsigned bits = __float_as_uint(row[k]) & 0x7fffffffu;
+                hi = max(hi, bits);
+                lo = bits ? min(lo, bits) : lo;
             }
-            for (int o = 16; o; o /= 2) {
-                h = max(h, __shfl_xor_sync(0xffffffffu, h, o));
-                l = min(l, __shfl_xor_sync(0xffffffffu, l, o));
-            }
-            if (lane == 0) top[i][warp] = h, bottom[i][warp] = l;  // row warp + 8i
         }
-        __syncthreads();
-        if (warp == 0) hi = top[lane / 8][lane % 8], lo = bottom[lane / 8][lane % 8];
+        top[warp][lane] = hi, bottom[warp][lane] = lo;  // row warp, its lanes' k
     } else {  // lanes along r (32 adjacent rows: one coalesced load per k), warps along k
         if (r0 + lane < rows) {
             const float* col = X + r0 + lane;
 #pragma unroll 4
-            for (int k = warp; k < K; k += 8) {
+            for (int k = warp; k < K; k += 32) {
                 const unsigned bits = __float_as_uint(col[(size_t)k * ld]) & 0x7fffffffu;
                 hi = max(hi, bits);
                 lo = bits ? min(lo, bits) : lo;
             }
         }
-        top[warp][lane] = hi, bottom[warp][lane] = lo;
-        __syncthreads();
-        if (warp == 0)
-            for (int w = 1; w < 8; ++w) hi = max(hi, top[w][lane]), lo = min(lo, bottom[w][lane]);
+        top[lane][warp] = hi, bottom[lane][warp] = lo;  // row lane, this warp's k
     }
-    if (warp == 0) {  // lane = row r0 + lane
+    __syncthreads();
+    if (warp == 0) {  // lane = row r0 + lane: its 32 partial results
+        hi = 0, lo = 0xffffffffu;
+#pragma unroll 8
+        for (int w = 0; w < 32; ++w) hi = max(hi, top[lane][w]), lo = min(lo, bottom[lane][w]);
         const Layout l = workspace_layout(M, N, K, splits, batch);
         const bool real = r0 + lane < rows;
         if (real) at<unsigned>(workspace, op == 0 ? l.amax : l.bmax)[(long long)entry * rows + r0 + lane] = hi;
@@ -152,21 +147,34 @@ extern "C" __global__ void __launch_bounds__(256) gemm_scale(GEMM_ARGS) {
 __device__ __forceinline__ int row_shift(unsigned top) {
     return top == 0 ? 0 : TOP_EXPONENT - ilogbf(__uint_as_float(top));
 }
-__device__ __forceinline__ unsigned short f16_bits(float x) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
-    return h;
+// 2^e as an FP32 number, for e in [-126, 127].
+__device__ __forceinline__ float exp2i(int e) { return __int_as_float((e + 127) << 23); }
+// Two FP32 numbers rounded to FP16, packed (lo in the low half).
+__device__ __forceinline__ unsigned f16x2_bits(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
 }
-__device__ __forceinline__ float f16_value(unsigned short h) {
-    float x;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(x) : "h"(h));
-    return x;
+__device__ __forceinline__ float2 f16x2_values(unsigned h) {
+    float2 v;
+    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+        : "=f"(v.x), "=f"(v.y) : "r"(h));
+    return v;
+}
+// hi and lo parts of two scaled elements, packed in pairs.
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = f16x2_bits(x0, x1);
+    const float2 h = f16x2_values(hi);
+    lo = f16x2_bits((x0 - h.x) * 2048.0f, (x1 - h.y) * 2048.0f);
 }
 __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(tf32_big(x)); }
 
-// Both operands to their K-major parts, tile by tile (32 rows x 32 k through shared memory, so
+// Both operands to their K-major parts, tile by tile (32 rows x 64 k through shared memory, so
 // that the reads are coalesced whichever way the operand is stored and the stores run along k).
-// blockIdx.y: 0 for A, 1 for B; blockIdx.z: the batch entry.
+// blockIdx.y: 0 for A, 1 for B; blockIdx.z: the batch entry. The pass is bound by instruction
+// issue, not DRAM, unless each element costs few instructions: whole tiles load without bounds
+// checks from one pointer per thread, and each row's scale is two exact multiplies by powers of
+// two worked out once per tile (docs/kernels.md, "f16x3: the passes").
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const int batch = gridDim.z;
     const long long entry = blockIdx.z;
@@ -194,18 +202,41 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     // [k][r], padded: stores free of bank conflicts, reads 2-way at worst. 64 k a tile: eight
     // loads in flight per thread, and each row's stores fill whole 128-byte lines on the FP16 path.
     __shared__ float tile[PACK_K][33];
+    // Each tile row's scale 2^shift as two factors (shift spans -113..163, past FP32's exponents;
+    // on the FP16 path both products are exact: docs/kernels.md, "f16x3: the passes").
+    __shared__ float factor[2][32];
+    // Thread t's element i of a tile: along k, row t/64 + 4i at k t%64; across, row t%32 at
+    // k t/32 + 8i. The same (kk, rr) as j = t + 256i below.
+    const int t = threadIdx.x;
     const int r_tiles = DIV_UP(rows, 32);
-    const long long tiles = (long long)r_tiles * DIV_UP(Kp, PACK_K);
-    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform per block: it syncs
-        const int r0 = (int)(t % r_tiles) * 32, k0 = (int)(t / r_tiles) * PACK_K;
+    const int tiles = r_tiles * DIV_UP(Kp, PACK_K);
+    for (int tl = blockIdx.x; tl < tiles; tl += gridDim.x) {  // uniform per block: it syncs
+        const int r0 = (tl % r_tiles) * 32, k0 = (tl / r_tiles) * PACK_K;
+        if (!tf32 && t < 32) {
+            const int shift = row_shift(tops[min(r0 + t, rows - 1)]);
+            factor[0][t] = exp2i(shift / 2);
+            factor[1][t] = exp2i(shift - shift / 2);
+        }
+        if (r0 + 32 <= rows && k0 + PACK_K <= K) {  // a whole tile
+            const float* src = ak ? X + (size_t)(r0 + t / PACK_K) * ld + k0 + t % PACK_K
+                                  : X + (size_t)(k0 + t / 32) * ld + r0 + t % 32;
+            const size_t step = (size_t)(ak ? 256 / PACK_K : 256 / 32) * ld;
 #pragma unroll
-        for (int j = threadIdx.x; j < 32 * PACK_K; j += 256) {
-            const int kk = ak ? j % PACK_K : j / 32, rr = ak ? j / PACK_K : j % 32;
-            tile[kk][rr] = k0 + kk < K && r0 + rr < rows ? element(X, ld, ak, r0 + rr, k0 + kk) : 0.0f;
+            for (int i = 0; i < 32 * PACK_K / 256; ++i) {
+                const int j = t + 256 * i;
+                const int kk = ak ? j % PACK_K : j / 32, rr = ak ? j / PACK_K : j % 32;
+                tile[kk][rr] = src[i * step];
+            }
+        } else {
+#pragma unroll
+            for (int j = t; j < 32 * PACK_K; j += 256) {
+                const int kk = ak ? j % PACK_K : j / 32, rr = ak ? j / PACK_K : j % 32;
+                tile[kk][rr] = k0 + kk < K && r0 + rr < rows ? element(X, ld, ak, r0 + rr, k0 + kk) : 0.0f;
+            }
         }
         __syncthreads();
 #pragma unroll
-        for (int j = threadIdx.x; j < 32 * PACK_K / 4; j += 256) {
+        for (int j = t; j < 32 * PACK_K / 4; j += 256) {
             const int rr = j / (PACK_K / 4), q = j % (PACK_K / 4), r = r0 + rr, k = k0 + 4 * q;
             if (r >= rows || k >= Kp) continue;
             const long long idx = (long long)r * Kp + k;
@@ -222,16 +253,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
                 reinterpret_cast<float4*>(base)[idx / 4] = make_float4(big[0], big[1], big[2], big[3]);
                 reinterpret_cast<float4*>(base + part)[idx / 4] = make_float4(small[0], small[1], small[2], small[3]);
             } else {
-                const int shift = row_shift(tops[r]);
-                unsigned short hi[4], lo[4];
+                const float f0 = factor[0][rr], f1 = factor[1][rr];
+                float x[4];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const float x = ldexpf(tile[4 * q + u][rr], shift);
-                    hi[u] = f16_bits(x);
-                    lo[u] = f16_bits((x - f16_value(hi[u])) * 2048.0f);
-                }
-                reinterpret_cast<uint2*>(base)[idx / 4] = make_uint2(hi[0] | (unsigned)hi[1] << 16, hi[2] | (unsigned)hi[3] << 16);
-                reinterpret_cast<uint2*>(base + part)[idx / 4] = make_uint2(lo[0] | (unsigned)lo[1] << 16, lo[2] | (unsigned)lo[3] << 16);
+                for (int u = 0; u < 4; ++u) x[u] = tile[4 * q + u][rr] * f0 * f1;
+                uint2 hi, lo;
+                split_pair(x[0], x[1], hi.x, lo.x);
+                split_pair(x[2], x[3], hi.y, lo.y);
+                reinterpret_cast<uint2*>(base)[idx / 4] = hi;
+                reinterpret_cast<uint2*>(base + part)[idx / 4] = lo;
             }
         }
         __syncthreads();

@@ -5,7 +5,8 @@ from kernels.families.blocktile2d import RASTER
 from kernels.families.hopper import CONSUMER_REGS, HopperFamily
 from kernels.space import Config, Constraint, Launch, Param, TensorMap, div_up
 
-THREADS = 256
+THREADS = 256          # gemm_pack
+SCALE_THREADS = 1024   # gemm_scale
 PACK_MAX_BLOCKS = 4096
 PACK_K = 64  # k per tile of gemm_pack (f16x3.cu)
 REGS_BESIDE_TILES = 32  # descriptors, addresses and loop state
@@ -117,7 +118,7 @@ class F16x3(HopperFamily):
         b16, b32 = parts(n, bn, ws.bpack)
         main = dataclasses.replace(gemm_launches[0], tensor_maps=(a16, b16, a32, b32))
         values = self.launch_values(c)
-        scale = Launch("gemm_scale", (div_up(m, 32) + div_up(n, 32), 1, batch), (THREADS, 1, 1), 0, **values)
+        scale = Launch("gemm_scale", (div_up(m, 32) + div_up(n, 32), 1, batch), (SCALE_THREADS, 1, 1), 0, **values)
         tiles = div_up(max(m, n), 32) * div_up(k16, PACK_K)
         pack = Launch("gemm_pack", (min(tiles, PACK_MAX_BLOCKS), 2, batch), (THREADS, 1, 1), 0, **values)
         return [scale, pack, main, *gemm_launches[1:]]
