@@ -1,7 +1,7 @@
 """Each launch of one config's launch sequence timed on its own (GPU host): where a family with
 passes before or after its GEMM (f16x3's scale and pack, split-K's reduction) spends its time.
 
-    python bench/launches.py --family f16x3 [--config JSON] [--shape MxNxK ...] [--layout nn]
+    python bench/launches.py --family f16x3 [--config JSON] [--shape MxNxK[:LAYOUT] ...]
                              [--repeats 30] [--gpu 0] [--out FILE]
 
 Per shape: random normal operands (CuPy), the whole sequence run once (so that every launch finds
@@ -96,24 +96,37 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True)
     ap.add_argument("--config", help="JSON object (default: the family's first starting point)")
-    ap.add_argument("--shape", action="append", help=f"MxNxK (default: {', '.join(SHAPES)})")
-    ap.add_argument("--layout", default="nn", choices=("nn", "nt", "tn", "tt"))
+    ap.add_argument("--shape", action="append",
+                    help=f"MxNxK, optionally :LAYOUT (nn, nt, tn, tt) (default: {', '.join(SHAPES)})")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    import cupy as cp
-
-    fam = kernels.get_family(args.family)
-    config = json.loads(args.config) if args.config else dict(fam.starting_points[0])
+    # everything that can be wrong with the arguments is said before a GPU is touched
+    try:
+        fam = kernels.get_family(args.family)
+        shapes = [parse_shape(s) for s in (args.shape or SHAPES)]
+    except ValueError as e:  # an unknown family, a bad shape
+        ap.error(str(e))
+    try:
+        config = json.loads(args.config) if args.config else dict(fam.starting_points[0])
+    except ValueError as e:
+        config = e
+    if not isinstance(config, dict):
+        ap.error(f"--config is not a JSON object ({config}); e.g. '{json.dumps(dict(fam.starting_points[0]))}'")
+    if any(p.batch != 1 for p in shapes):
+        ap.error("--shape: one problem at a time here (MxNxK[:LAYOUT]), not a batch")
+    try:
+        import cupy as cp
+    except ImportError:
+        ap.error("needs CuPy and an NVIDIA GPU (the GPU host has both)")
     cp.cuda.Device(args.gpu).use()
     problems = fam.reject_reasons(config, runtime.device_arch(args.gpu))
     if problems:
         ap.error(f"--config is not an accepted {fam.name} config here: {'; '.join(problems)}")
     clock = SmClock(args.gpu)
     gpu = cp.cuda.runtime.getDeviceProperties(args.gpu)["name"].decode()
-    shapes = [parse_shape(s) for s in (args.shape or SHAPES)]
-    results = [time_shape(cp, fam, config, (p.m, p.n, p.k), args.layout, args.repeats, clock) for p in shapes]
+    results = [time_shape(cp, fam, config, (p.m, p.n, p.k), p.layout, args.repeats, clock) for p in shapes]
     print(f"{fam.name} {json.dumps(config)} on {gpu}, source {fam.source_hash[:12]}")
     print("\n".join(table(results)))
     out = args.out or ROOT / "bench" / "results" / f"launches-{gpu.split()[1].lower()}-{fam.name}.json"
