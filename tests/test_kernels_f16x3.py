@@ -73,6 +73,12 @@ def test_launch_plan_and_workspace_layout(shape, splitk, batch):
                                             + (["gemm_splitk_reduce"] if splitk > 1 else []))
     scale, pack, main = launches[:3]
     assert scale.grid == (-(-m // 32) - (-n // 32), 1, batch)
+    # the blocks the source's kernels are written for (a launch with more threads than
+    # __launch_bounds__ fails; with fewer, the scale leaves rows out)
+    source = FAMILY.source
+    assert scale.block == (int(re.search(r"#define SCALE_THREADS (\d+)", source).group(1)), 1, 1)
+    assert pack.block == (256, 1, 1) and "__launch_bounds__(256) gemm_pack" in source
+    assert layout.PACK_K == int(re.search(r"#define PACK_K (\d+)", source).group(1))
     assert pack.grid[1:] == (2, batch) and main.grid[2] == batch * splitk
     ws = layout.workspace_layout(config, m, n, k, batch)
     k16, k32 = -(-k // 8) * 8, -(-k // 4) * 4
