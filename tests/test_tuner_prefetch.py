@@ -141,6 +141,31 @@ def test_the_process_works_through_the_planned_studies_in_order_a_few_ahead(tmp_
         assert startup.groups == here.groups and startup.ranked == ranked
 
 
+def test_one_start_up_is_prepared_at_once_per_eight_cores():
+    from tuner.search import preparer
+
+    assert [preparer.processes(c) for c in (1, 2, 7, 8, 16, 31, 32, 128)] == [1, 1, 1, 1, 2, 3, 4, 4]
+
+
+def test_two_preparing_processes_prepare_the_start_ups_each_study_computes(tmp_path):
+    """As a host of 16 cores runs it: two processes, each start-up the study's own."""
+    from tuner.search import preparer
+
+    session = _session(_Evaluator(), tmp_path / "cubins", prefetch_process=preparer.start(workers=2))
+    studies = [(NAIVE, PROBLEM), (BLOCKTILE1D, PROBLEM), (SMEM, PROBLEM)]
+    with StartupPrefetch(session) as prefetch:
+        prefetch.plan(studies)
+        for job in list(prefetch._jobs.values()):
+            job.result(timeout=300)
+        assert len(_pool_workers()) == 2  # the second spawned once there was work for it
+        prepared = [prefetch.take(family, problem) for family, problem in studies]
+    assert not _pool_workers() and session.phases.counts[STARTUP_BG] == 3
+    for (family, _), startup in zip(studies, prepared):
+        here, ranked = _fresh(family, tmp_path / "cubins", session)
+        assert startup is not None and startup.accepted == here.accepted
+        assert startup.groups == here.groups and startup.ranked == ranked
+
+
 def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_path):
     with StartupPrefetch(_session(_Evaluator(), tmp_path / "cubins")) as prefetch:
         prefetch.plan([(BLOCKTILE1D, PROBLEM)])

@@ -4,11 +4,11 @@ A study's start-up (``tuner.search.study.Startup``: its accepted configs enumera
 geometry, the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs, where
 the study will start from it, and the learned model's feature rows and first fit) is seconds
 of CPU with the GPU idle. It depends on the family, the GPU, the problem (and the model's
-examples) only, so one child process prepares the command's next studies', in order, while the
+examples) only, so child processes prepare the command's next studies', in order, while the
 current one runs (a study of 80 trials can be over in seconds, before one start-up would be
-ready): a process,
-not a thread, so that its pure-Python enumeration does not hold the main thread's GIL, and
-niced, so that the current study's compiles keep the cores they need. Its compiles fill the
+ready): processes, not threads, so that their pure-Python enumeration does not hold the main
+thread's GIL, niced, so that the current study's compiles keep the cores they need, and one per
+eight cores (``preparer.processes``), since one in turn fell behind the studies. Its compiles fill the
 same CUBIN cache the candidates then hit. The study uses the prepared inputs exactly as it
 would have computed them itself (``prepare_startup`` is that computation).
 """
@@ -91,8 +91,8 @@ def can_prefetch(session: Session, family: Any) -> bool:
             and getattr(session.evaluator, "compiled_usage", None) is None)
 
 
-# Start-ups prepared and not yet taken, at most: the process works through the command's
-# studies in order and rests only this far ahead (each holds a family's accepted configs: a
+# Start-ups prepared and not yet taken, at most: the processes work through the command's
+# studies in order and rest only this far ahead (each holds a family's accepted configs: a
 # shape's eleven about 120 MB at 2048³, and for the model their feature rows, 64 MB more). A
 # whole shape ahead, so that it does not rest while the first study (naive: seconds of GPU work
 # per config, few cheap compiles) leaves cores to spare; with 4 it stopped after blocktile2d's
@@ -105,10 +105,10 @@ Key = tuple[str, Problem]
 
 
 class StartupPrefetch:
-    """The start-ups of the command's next studies, prepared in order by one process (one at a
-    time: the prior's compiles already take a thread per core, and the cores are the running
-    study's compiles' first). ``take`` each when its study starts; close (terminate) the
-    process at the end, whatever the reason."""
+    """The start-ups of the command's next studies, prepared in order by the preparing
+    processes (``preparer.processes()`` at once: the prior's compiles already take a thread per
+    core, and the cores are the running study's compiles' first). ``take`` each when its study
+    starts; close (terminate) the processes at the end, whatever the reason."""
 
     def __init__(self, session: Session) -> None:
         self.session = session

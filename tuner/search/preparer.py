@@ -1,4 +1,4 @@
-"""The process that prepares the command's next studies' start-ups (``tuner.search.prefetch``),
+"""The processes that prepare the command's next studies' start-ups (``tuner.search.prefetch``),
 startable before the search is imported.
 
 A live command starts it beside the GPU child and the compile processes (``tuner.run.tune``),
@@ -37,10 +37,25 @@ def _init(parent_pid: int) -> None:
         pass
 
 
-def start() -> ProcessPoolExecutor:
-    """The preparing process, spawned now (its first job is a no-op); ``StartupPrefetch``
-    takes it over. End it with ``tuner.lifetime.kill_pool``."""
-    executor = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"),
+# Cores per start-up prepared at once. One process in turn was too slow on the H200 host (16
+# cores): 90 s of start-ups for a 95-s command at fresh 2048^3, the studies waiting 25 s for
+# theirs with the host's cores 66 % busy (docs/measurement.md, "Start-ups prepared ahead").
+CORES_PER_PROCESS = 8
+MAX_PROCESSES = 4
+
+
+def processes(cores: int | None = None) -> int:
+    """How many start-ups are prepared at once on a host of ``cores`` (default: this one's):
+    one per CORES_PER_PROCESS cores, at least one, at most MAX_PROCESSES."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, min(MAX_PROCESSES, cores // CORES_PER_PROCESS))
+
+
+def start(workers: int | None = None) -> ProcessPoolExecutor:
+    """The preparing processes (``workers``, default ``processes()``), the first spawned now
+    (its first job is a no-op), the others as start-ups are submitted; ``StartupPrefetch`` takes
+    them over. End them with ``tuner.lifetime.kill_pool``."""
+    executor = ProcessPoolExecutor(max_workers=workers or processes(), mp_context=mp.get_context("spawn"),
                                    initializer=_init, initargs=(os.getpid(),))
     executor.submit(os.getpid)
     return executor
