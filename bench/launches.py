@@ -5,7 +5,8 @@ passes before or after its GEMM (f16x3's scale and pack, split-K's reduction) sp
                              [--repeats 30] [--gpu 0] [--out FILE]
 
 Per shape: random normal operands (CuPy), the whole sequence run once (so that every launch finds
-what the ones before it wrote) and checked against float64, then each launch alone and the whole
+what the ones before it wrote) and checked against float64 (a result past the tolerance is
+marked WRONG and the exit status is 1), then each launch alone and the whole
 sequence, every timing after an L2 flush, with CUDA events: the median of --repeats, and the SM
 clock (NVML) read after each. Bytes per launch are not known generically, so the table gives µs
 and each launch's share of the sequence. Writes JSON (default bench/results/launches-<gpu>-<family>.json).
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 import kernels  # noqa: E402
 from kernels import runtime  # noqa: E402
 from kernels.layout import stored_shapes  # noqa: E402
+from kernels.reference import tolerance  # noqa: E402
 from tuner.measure.gpu import SmClock  # noqa: E402
 from tuner.problem import parse_shape  # noqa: E402
 
@@ -75,20 +77,21 @@ def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int
         rows.append({"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block), **timed(alone)})
     whole = timed(made)
     flops = fam.flops(m, n, k)
-    return {"shape": [m, n, k], "layout": layout, "relative_error": error, "launches": rows, "whole": whole,
-            "tflops": flops / (whole["us_median"] * 1e-6) / 1e12}
+    return {"shape": [m, n, k], "layout": layout, "relative_error": error, "correct": error <= tolerance(k),
+            "launches": rows, "whole": whole, "tflops": flops / (whole["us_median"] * 1e-6) / 1e12}
 
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'shape':>16} {'launch':>12} {'grid':>16} {'µs':>9} {'share':>6} {'SM MHz':>7}"]
     for r in results:
-        name = "x".join(map(str, r["shape"]))
+        name = "x".join(map(str, r["shape"])) + ("" if r["layout"] == "nn" else f":{r['layout']}")
         total = r["whole"]["us_median"]
         for row in r["launches"]:
             lines.append(f"{name:>16} {row['kernel']:>12} {'x'.join(map(str, row['grid'])):>16} "
                          f"{row['us_median']:9.1f} {row['us_median'] / total:6.1%} {row['sm_clock_mhz'] or '?':>7}")
         lines.append(f"{name:>16} {'(sequence)':>12} {'':>16} {total:9.1f} {'':>6} {r['whole']['sm_clock_mhz'] or '?':>7}"
-                     f"  {r['tflops']:.1f} TFLOP/s, error {r['relative_error']:.2e}")
+                     f"  {r['tflops']:.1f} TFLOP/s, error {r['relative_error']:.2e}"
+                     + ("" if r["correct"] else " WRONG: above the float64 check's tolerance"))
     return lines
 
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                "command": "python bench/launches.py " + " ".join(argv or sys.argv[1:]),
                                "results": results}, indent=1) + "\n")
     print(f"wrote {out}")
-    return 0
+    return 0 if all(r["correct"] for r in results) else 1
 
 
 if __name__ == "__main__":
