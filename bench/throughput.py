@@ -37,7 +37,8 @@ reference and cuBLAS baseline: phase ``setup``) is excluded from the tuning wall
 reported apart. The bench starts exactly as the command does, so its shares compare with the
 command's (docs/measurement.md, "The command's start and end").
 The CUBIN cache is a fresh folder unless ``--cache`` names one: every compile is a real one, as
-in a study of a new kernel version.
+in a study of a new kernel version; the cost model's rows of the recorded examples
+(``tuner.search.rowcache``, kept under $GEMMTUNE_CACHE) are then fresh too, as on a new install.
 
 Without a GPU, ``GEMMTUNE_GPU_BACKEND=tuner.testing`` runs the whole path on the CPU stand-in;
 ``--standin-measure-s S`` makes each stand-in evaluation take S seconds. Such numbers check the
@@ -65,6 +66,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+from unittest import mock
 
 from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, default_workers
@@ -478,8 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.run.cli import parse_args
     from tuner.run.tune import start_command, tune
 
-    with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch:
+    # (os.environ as it was comes back at the end: patch.dict restores what it snapshots)
+    with tempfile.TemporaryDirectory(prefix="gemmtune-throughput-") as scratch, mock.patch.dict(os.environ):
         cache = args.cache or Path(scratch) / "cubins"
+        if args.cache is None:  # the caches derived from code alone start empty too (children inherit it)
+            os.environ["GEMMTUNE_CACHE"] = str(cache)
         options = parse_args(tuner_argv(args, Path(scratch) / "gemmtune.sqlite", cache))
         backend = options.evaluator.backend
         backend_options = ({"measure_s": args.standin_measure_s}
