@@ -337,9 +337,10 @@ class LearnedSpace:
     @classmethod
     def build(cls, family: Any, accepted: Sequence[Mapping[str, int]],
               positions: Sequence[Mapping[str, int]], problem: Problem, target: Target,
-              examples: Sequence[Example]) -> LearnedSpace:
-        """``accepted``: configs (values); ``positions``: the same configs as study params."""
-        x = matrix(family, accepted, problem, target)
+              examples: Sequence[Example], geometries: Sequence[Any] | None = None) -> LearnedSpace:
+        """``accepted``: configs (values); ``positions``: the same configs as study params;
+        ``geometries``: each config's launch geometry, where the caller has them already."""
+        x = matrix(family, accepted, problem, target, geometries)
         return cls(list(positions), space_rows(family.name, x, accepted, problem, target,
                                                examples), list(examples), family.name)
 

@@ -209,12 +209,14 @@ class Ranking:
 Groups = dict[tuple[int, ...], tuple[Geometry, list[dict[str, int]]]]
 
 
-def group_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int
-                  ) -> Groups:
-    """The accepted configs grouped by what the model reads (``Geometry.key``)."""
+def group_configs(family: Any, accepted: Sequence[Mapping[str, int]], m: int, n: int, k: int,
+                  geometries: Sequence[Geometry] | None = None) -> Groups:
+    """The accepted configs grouped by what the model reads (``Geometry.key``); ``geometries``:
+    each config's, where the caller has them already."""
+    if geometries is None:
+        geometries = [geometry(family, config, m, n, k) for config in accepted]
     groups: Groups = {}
-    for config in accepted:
-        geom = geometry(family, config, m, n, k)
+    for config, geom in zip(accepted, geometries):
         groups.setdefault(geom.key(), (geom, []))[1].append(dict(config))
     return groups
 

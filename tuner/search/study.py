@@ -229,6 +229,10 @@ class Startup:
     # the model's first fit on the examples of other problems known when it was prepared (a
     # study that finds other examples, e.g. of a shape the command measured since, fits itself)
     fitted: PreparedFit | None = None
+    # each accepted config's launch geometry, while the start-up is prepared: the groups and the
+    # feature rows both read them (laying tf32x3's 94,500 configs out twice was a quarter of its
+    # start-up); dropped before the start-up is handed over
+    geometries: list[prior.Geometry] | None = field(default=None, repr=False, compare=False)
 
 
 def _startup_count(batch: int) -> int:
@@ -245,9 +249,11 @@ def _enumerate(family: Any, arch: str, problem: Problem, sampler: str,
     accepted = enumcache.accepted(family, arch, cache_dir,
                                   lambda: _accepted_configs(family, arch))
     grouped = sampler in PRIOR_SAMPLERS or (rank and sampler in RANKED_STARTUP)
-    groups = (prior.group_configs(family, accepted, problem.m, problem.n, problem.k)
-              if grouped and accepted is not None else None)
-    return Startup(accepted, groups)
+    if not grouped or accepted is None:
+        return Startup(accepted, None)
+    geometries = [prior.geometry(family, c, problem.m, problem.n, problem.k) for c in accepted]
+    groups = prior.group_configs(family, accepted, problem.m, problem.n, problem.k, geometries)
+    return Startup(accepted, groups, geometries=geometries)
 
 
 def _rank(family: Any, arch: str, problem: Problem, startup: Startup, sm_count: int,
@@ -279,7 +285,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
     startup = _enumerate(family, arch, problem, sampler, cache_dir, rank)
     if sampler in LEARNING and startup.accepted is not None and sm_count >= 1:
         target = prior.Target(sm_count, arch)
-        startup.features = matrix(family, startup.accepted, problem, target)
+        startup.features = matrix(family, startup.accepted, problem, target, startup.geometries)
         if examples is not None and resolve(sampler, True) == "model":
             startup.features = space_rows(family.name, startup.features, startup.accepted,
                                           problem, target, examples)
@@ -290,6 +296,7 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
                      else None)
         startup.ranked, startup.ranking = _rank(family, arch, problem, startup, sm_count, batch,
                                                 seed, prior_compiles, resources)
+    startup.geometries = None  # not carried to the study (nor pickled back from the preparer)
     startup.seconds = time.perf_counter() - started
     return startup
 
@@ -377,6 +384,7 @@ class StudyRun:
         seed = _seed_for(session.seed, len(history), self.shared.claims)
         learned = (self._learned(seed) if sampler == "model"
                    or (sampler == "hybrid" and not resumed) else None)
+        self.startup.geometries = None  # read by the groups and the model's rows: done with
         # The model sampler starts from the static prior where its examples hold no other
         # shape of this family (what other families teach it transfers worse than the prior;
         # the hybrid's rule, tuner.search.learned.model_picks).
@@ -464,7 +472,7 @@ class StudyRun:
                                       self.problem, target, examples)
             return LearnedSpace(positions, features, examples, self.family.name, fitted)
         return LearnedSpace.build(self.family, self.accepted_all, positions, self.problem, target,
-                                  examples)
+                                  examples, self.startup.geometries)
 
     def _prior_startup(self) -> list[dict[str, int]]:
         """The static prior's start-up (tuner.search.prior; positions); [] where the
