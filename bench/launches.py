@@ -32,6 +32,8 @@ from kernels.reference import tolerance  # noqa: E402
 from tuner.measure.gpu import SmClock  # noqa: E402
 from tuner.problem import parse_shape  # noqa: E402
 
+from bench.throughput import gpu_slug  # noqa: E402
+
 SHAPES = ("4096x4096x4096", "2048x2048x2048", "8192x8192x8192")
 FLUSH_BYTES = 256 << 20  # more than any Hopper L2
 
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [time_shape(cp, fam, config, (p.m, p.n, p.k), p.layout, args.repeats, clock) for p in shapes]
     print(f"{fam.name} {json.dumps(config)} on {gpu}, source {fam.source_hash[:12]}")
     print("\n".join(table(results)))
-    out = args.out or ROOT / "bench" / "results" / f"launches-{gpu.split()[1].lower()}-{fam.name}.json"
+    out = args.out or ROOT / "bench" / "results" / f"launches-{gpu_slug(gpu)}-{fam.name}.json"
     out.write_text(json.dumps({"gpu": gpu, "date": datetime.now(timezone.utc).isoformat(), "family": fam.name,
                                "config": config, "source_hash": fam.source_hash, "repeats": args.repeats,
                                "command": "python bench/launches.py " + " ".join(argv or sys.argv[1:]),

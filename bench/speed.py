@@ -17,7 +17,6 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -38,6 +37,8 @@ from tuner.measure import gpu as gpu_bench  # noqa: E402  (its timing constants,
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, backend_module  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import config_text, format_table  # noqa: E402
+
+from bench.throughput import gpu_slug  # noqa: E402
 from tuner.run.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 SUITE: tuple[Problem, ...] = tuple(parse_shape(s) for s in (
@@ -427,10 +428,6 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
-
-
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -496,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = targets(rows)
     print()
     print(report_text(rows, checks))
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"speed-{slug(info['name'])}.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"speed-{gpu_slug(info['name'])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     out.write_text(json.dumps({
