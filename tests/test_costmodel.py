@@ -732,3 +732,47 @@ def test_own_results_trust_the_fit_whose_order_they_agree_with():
     assert Bases(agrees, agrees.copy()).trusted(rows, values) is None  # a tie tells nothing
     constant = np.full(40, 0.5)  # orders nothing: the other is trusted
     assert Bases(constant, disagrees).trusted(rows, values) is disagrees
+
+
+def _fill_per_config(transfer: Transfer, x, family, configs, problem, target, own=None):
+    """The transfer columns as the rule reads, config by config (the reference ``fill`` is
+    checked against)."""
+    out = np.array(x, dtype=np.float64, copy=True)
+    out[:, TRANSFER_COLUMNS] = np.nan
+    names = tuple(sorted(configs[0]))
+    candidates = sorted(((shape_distance(problem, p), rates.get(names, {}))
+                         for unit, p, rates in transfer._units.get((target, family), [])
+                         if unit != own and p.shape != problem.shape), key=lambda item: item[0])
+    for row, config in enumerate(configs):
+        if any(n not in config for n in names):
+            continue
+        key = tuple(int(config[n]) for n in names)
+        measured = [(d, rates[key]) for d, rates in candidates if key in rates]
+        if measured:
+            out[row, TRANSFER_COLUMNS] = (measured[0][1], measured[0][0], max(f for _, f in measured))
+    return out
+
+
+@pytest.mark.parametrize("family_name,shape", [("pipelined", (2048, 2048, 2048)), ("skinny", (16, 4096, 4096)),
+                                               ("wgmma", (1024, 1024, 1024))])
+def test_transfer_fill_matches_the_rule_config_by_config_on_the_bundled_recordings(family_name, shape):
+    from tuner.measure.recording import bundled
+    from tuner.search.learned import examples_from_recordings
+
+    examples = examples_from_recordings(bundled("NVIDIA H100 80GB HBM3"))
+    transfer = Transfer(examples)
+    family = kernels.get_family(family_name)
+    problem = Problem(*shape)
+    configs = family.accepted_configs("sm_90")
+    configs = configs + [dict(configs[0])] + [{"OTHER": 1}]  # a repeated config, and another family's
+    target = next(e.target for e in examples if e.family == family_name)
+    x = matrix(family, configs[:-1], problem, target)
+    x = np.vstack([x, np.full((1, x.shape[1]), np.nan)])
+    got = transfer.fill(x, family_name, configs, problem, target)
+    want = _fill_per_config(transfer, x, family_name, configs, problem, target)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert not np.isnan(got[:, TRANSFER_COLUMNS[0]]).all()  # some configs were measured elsewhere
+    unit = next(e.unit for e in examples if e.family == family_name)  # a training unit's own rows
+    assert np.array_equal(transfer.fill(x, family_name, configs, problem, target, own=unit),
+                          _fill_per_config(transfer, x, family_name, configs, problem, target, own=unit),
+                          equal_nan=True)

@@ -254,18 +254,42 @@ class Transfer:
             key=lambda item: item[0])
         if not candidates:
             return out
+        # each distinct config once (an id per key), then each unit's measured configs looked up,
+        # nearest unit first: a unit measured thousands where a space lists up to 214,440
+        getter = operator.itemgetter(*names)
+        index: dict[tuple[Any, ...], int] = {}
+        ids = np.fromiter((-1 if (key := _values(getter, config, len(names))) is None
+                           else index.setdefault(key, len(index)) for config in configs),
+                          dtype=np.intp, count=len(configs))
+        nearest = np.full(len(index), math.nan)
+        distance_of = np.full(len(index), math.nan)
+        best = np.full(len(index), math.nan)
+        for distance, rates in candidates:
+            for key, fraction in rates.items():
+                i = index.get(key)
+                if i is None:
+                    continue
+                if math.isnan(nearest[i]):  # the nearest: candidates are by distance
+                    nearest[i], distance_of[i] = fraction, distance
+                    best[i] = fraction
+                elif fraction > best[i]:
+                    best[i] = fraction
+        rows = ids >= 0
         rate_column, distance_column, best_column = TRANSFER_COLUMNS
-        for row, config in enumerate(configs):
-            try:
-                key = tuple(int(config[name]) for name in names)
-            except KeyError:  # another family's names: nothing of it was measured here
-                continue
-            measured = [(distance, rates[key]) for distance, rates in candidates if key in rates]
-            if measured:
-                distance, fraction = measured[0]  # the nearest: candidates are by distance
-                out[row, rate_column], out[row, distance_column] = fraction, distance
-                out[row, best_column] = max(fraction for _, fraction in measured)
+        out[rows, rate_column] = nearest[ids[rows]]
+        out[rows, distance_column] = distance_of[ids[rows]]
+        out[rows, best_column] = best[ids[rows]]
         return out
+
+
+def _values(getter: Any, config: Mapping[str, int], count: int) -> tuple[Any, ...] | None:
+    """A config's values in the order of ``getter``'s ``count`` names; None where it lacks one
+    (another family's names: nothing of it was measured here)."""
+    try:
+        values = getter(config)
+    except KeyError:
+        return None
+    return values if count > 1 else (values,)
 
 
 UnitKey = tuple[Unit, int, float]  # a unit, its count of examples and their summed GFLOP/s
