@@ -284,6 +284,10 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
         prefetch.plan([(skinny, problem)], rank=lambda family, problem: False)
         prepared = prefetch.take(skinny, problem)
         assert prepared is not None and prepared.fitted is not None
+        # the examples reached the process through one file, written once for the problem
+        (shipped,) = prefetch._examples_files.values()
+        assert Path(shipped.path).is_file() and prefetch._examples_file(problem) is shipped
+        folder = Path(prefetch._folder)
         assert prepared.fitted.scores is not None and len(prepared.fitted.scores) == len(
             prepared.accepted)
         # and the model's first window (batch 4) is being compiled in the process, niced
@@ -295,6 +299,7 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
             time.sleep(0.2)
     assert len(picks) == 4 and all(cached_config(skinny, c, "sm_90", tmp_path / "cubins")
                                    for c in picks)
+    assert not folder.exists()  # removed with the processes
     programs = {skinny.program(c) for c in picks}  # launch-time parameters share one
     assert len(list((tmp_path / "cubins").rglob("*.cubin"))) == len(programs)  # nothing else
 
