@@ -37,9 +37,9 @@ from tuner.measure import gpu as gpu_bench  # noqa: E402  (its timing constants,
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, backend_module  # noqa: E402
 from tuner.problem import Problem, ShapeError, parse_shape  # noqa: E402
 from tuner.report import config_text, format_table  # noqa: E402
+from tuner.run.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 from bench.throughput import gpu_slug  # noqa: E402
-from tuner.run.options import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 SUITE: tuple[Problem, ...] = tuple(parse_shape(s) for s in (
     "1024x1024x1024", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "4096x4096x1024",

@@ -213,8 +213,8 @@ def compile_config(family: Family, config: Config, arch: str = "sm_90",
                 "bias": bias, "arch": target,
                 "nvrtc": nvrtc_version(), "log": log,
                 "resources": {k: asdict(v) for k, v in resources.items()}}
-        _atomic_write(cubin_path, cubin)
-        _atomic_write(meta_path, json.dumps(meta).encode())
+        atomic_write(cubin_path, cubin)
+        atomic_write(meta_path, json.dumps(meta).encode())
     return CompiledKernel(cubin, arch, resources, log, seconds, cached=False)
 
 
@@ -229,8 +229,9 @@ def compiling(cubin_path: Path) -> Iterator[None]:
         yield
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    # Several compile processes may write the same entry; rename makes each write all-or-nothing.
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a cache file whole or not at all: several processes (compile workers, preparing
+    processes) may write and read the same entry; the rename makes each write all-or-nothing."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(data)

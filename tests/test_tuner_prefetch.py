@@ -123,6 +123,13 @@ def _fresh(family: Any, cache: Path, session: Session) -> tuple[Any, Any]:
     return here, ranked
 
 
+def _assert_each_is_the_studys_own(studies: list, prepared: list, cache: Path, session: Session) -> None:
+    for (family, _), startup in zip(studies, prepared):
+        here, ranked = _fresh(family, cache, session)
+        assert startup is not None and startup.accepted == here.accepted
+        assert startup.groups == here.groups and startup.ranked == ranked
+
+
 def test_the_process_works_through_the_planned_studies_in_order_a_few_ahead(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setattr(prefetch_module, "AHEAD", 2)
@@ -135,10 +142,7 @@ def test_the_process_works_through_the_planned_studies_in_order_a_few_ahead(tmp_
         jobs[-1].result(timeout=300)  # the second prepared without the first being taken
         prepared = [prefetch.take(family, problem) for family, problem in studies]
     assert not _pool_workers() and session.phases.counts[STARTUP_BG] == 3
-    for (family, _), startup in zip(studies, prepared):
-        here, ranked = _fresh(family, tmp_path / "cubins", session)
-        assert startup is not None and startup.accepted == here.accepted
-        assert startup.groups == here.groups and startup.ranked == ranked
+    _assert_each_is_the_studys_own(studies, prepared, tmp_path / "cubins", session)
 
 
 def test_one_start_up_is_prepared_at_once_per_eight_cores():
@@ -160,10 +164,7 @@ def test_two_preparing_processes_prepare_the_start_ups_each_study_computes(tmp_p
         assert len(_pool_workers()) == 2  # the second spawned once there was work for it
         prepared = [prefetch.take(family, problem) for family, problem in studies]
     assert not _pool_workers() and session.phases.counts[STARTUP_BG] == 3
-    for (family, _), startup in zip(studies, prepared):
-        here, ranked = _fresh(family, tmp_path / "cubins", session)
-        assert startup is not None and startup.accepted == here.accepted
-        assert startup.groups == here.groups and startup.ranked == ranked
+    _assert_each_is_the_studys_own(studies, prepared, tmp_path / "cubins", session)
 
 
 def test_a_killed_preparing_process_leaves_the_studies_to_compute_their_own(tmp_path):

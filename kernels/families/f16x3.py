@@ -2,7 +2,7 @@
 import dataclasses
 
 from kernels.families.blocktile2d import RASTER
-from kernels.families.hopper import CONSUMER_REGS, HopperFamily
+from kernels.families.hopper import CONSUMER_REGS, SPLITK, STAGES, WGS, HopperFamily
 from kernels.space import Config, Constraint, Launch, Param, TensorMap, div_up
 
 THREADS = 256          # gemm_pack
@@ -68,13 +68,13 @@ class F16x3(HopperFamily):
     source_file = "f16x3.cu"
     precision = "fp32-tc"
     params = (
-        Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)"),
+        WGS,
         Param("MW", (1, 2), "64-row wgmma tiles per consumer warpgroup (BM = 64 * MW * WGS)"),
         Param("BN", (64, 96, 128), "columns of C per block (the wgmma N extent)"),
         Param("ATOMS", (1, 2), "128-byte rows per tile row and stage: 64 k each on the FP16 path, 32 on TF32"),
-        Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring"),
+        STAGES,
         Param("FLUSH", (2, 4), "k-steps (16 deep on FP16, 8 on TF32) summed on the tensor core before each FP32 add"),
-        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
+        SPLITK,
         RASTER,
     )
     constraints = (
@@ -90,15 +90,11 @@ class F16x3(HopperFamily):
                        (1, 2, 64, 1, 4, 4, 1, 8), (2, 1, 128, 1, 3, 4, 4, 8))
     )
 
-    def shared_bytes(self, c: Config) -> int:
-        # 1 KiB of slack to align the swizzled tiles, and two mbarriers per stage.
-        return c["STAGES"] * stage_bytes(c) + 1024 + 16 * c["STAGES"]
+    def stage_bytes(self, c: Config) -> int:
+        return stage_bytes(c)
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return block_m(c), c["BN"]
-
-    def splits(self, c: Config) -> int:
-        return c["SPLITK"]
 
     def launches(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> list[Launch]:
         gemm_launches = super().launches(c, m, n, k, layout, batch)

@@ -2,7 +2,7 @@
 import dataclasses
 
 from kernels.families.blocktile2d import RASTER
-from kernels.families.hopper import CONSUMER_REGS, HopperFamily
+from kernels.families.hopper import CONSUMER_REGS, SPLITK, STAGES, WGS, HopperFamily
 from kernels.layout import transposed
 from kernels.space import Config, Constraint, Launch, Param, TensorMap, div_up
 
@@ -62,13 +62,13 @@ class Wgmma(HopperFamily):
     params = (
         Param("BM", (64, 96, 128), "rows of C per block (the wgmma N extent)"),
         Param("BK", (32, 64), "depth of a shared-memory stage (32-deep swizzle atoms)"),
-        Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)"),
+        WGS,
         Param("MW", (1, 2), "64-column wgmma tiles per consumer warpgroup"),
-        Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring"),
+        STAGES,
         # 1 also meets the accuracy bar but measured 20% slower and no more accurate
         # (docs/kernels.md, "Accuracy: FLUSH and round-to-nearest splits").
         Param("FLUSH", (2, 4), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
-        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
+        SPLITK,
         RASTER,
         Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
                                 "memory by the consumers (1)", before=0),
@@ -90,15 +90,11 @@ class Wgmma(HopperFamily):
                        (64, 32, 2, 1, 3, 4, 4, 8, 0), (64, 32, 2, 1, 6, 4, 16, 4, 0), (128, 64, 2, 1, 2, 4, 1, 8, 1))
     )
 
-    def shared_bytes(self, c: Config) -> int:
-        # 1 KiB of slack to align the swizzled tiles, and two mbarriers per stage.
-        return c["STAGES"] * stage_bytes(c) + 1024 + 16 * c["STAGES"]
+    def stage_bytes(self, c: Config) -> int:
+        return stage_bytes(c)
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return c["BM"], block_n(c)
-
-    def splits(self, c: Config) -> int:
-        return c["SPLITK"]
 
     def launches(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> list[Launch]:
         gemm_launches = super().launches(c, m, n, k, layout, batch)

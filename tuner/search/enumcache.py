@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any, Callable
 
 import kernels
 import numpy as np
-from kernels.compiler import default_cache_dir
+from kernels.compiler import atomic_write, default_cache_dir
 
 FOLDER = "accepted"  # under the CUBIN cache folder
 
@@ -64,12 +63,9 @@ def accepted(family: Any, arch: str, cache_dir: Path | str | None,
                     dtype=np.int64).reshape(len(configs), len(names))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file renamed into place: a reader (the prefetch process, another worker)
-        # sees the whole file or none
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
-            np.save(out, rows, allow_pickle=False)
-        os.replace(tmp, path)
+        data = io.BytesIO()
+        np.save(data, rows, allow_pickle=False)
+        atomic_write(path, data.getvalue())  # a reader (a preparing process) sees all or nothing
     except OSError:
         pass  # a read-only cache: enumerate each time, as before
     return configs

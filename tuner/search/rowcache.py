@@ -14,8 +14,7 @@ so the folder holds one per unit; a damaged file is ignored and rewritten.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import io
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import kernels
-from kernels.compiler import default_cache_dir
+from kernels.compiler import atomic_write, default_cache_dir
 
 FOLDER = "unit-rows"  # under the CUBIN cache folder
 
@@ -89,11 +88,9 @@ def _write(path: Path, names: list[str], values: np.ndarray, rows: Rows) -> None
          else np.zeros((0, 0), dtype=np.float64))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file renamed into place: another process reading sees the whole file or none
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
-            np.savez(out, which=np.array(which, dtype=np.int64), x=x, best=np.float64(best))
-        os.replace(tmp, path)
+        data = io.BytesIO()
+        np.savez(data, which=np.array(which, dtype=np.int64), x=x, best=np.float64(best))
+        atomic_write(path, data.getvalue())  # another process reading sees all or nothing
         unit_part = path.name.split("-")[0]
         for older in path.parent.glob(f"{unit_part}-*.npz"):
             if older != path:
