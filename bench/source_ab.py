@@ -7,8 +7,11 @@ DIR is a checkout of the older tree (e.g. `git archive <rev> | tar -x -C DIR`). 
 tuned bests of two GPU models) is compiled and measured by each tree's own `kernels` and
 `tuner.measure.gpu` (verified against float64, then timed: warm-up, CUDA events, median, rotated
 inputs, SM clock), in child processes run in the order before, after, before, after, …; each
-side keeps its fastest pass. Prints after/before per config and their geometric mean; writes
-JSON. Made for issue 19's launch-time RASTER/SPLITK: a changed source must run as fast.
+side keeps its fastest pass. Prints after/before per config and their geometric mean, and where
+the pack holds several configs of a family at a shape, the best of each side (a config one tree
+rejects is marked so and measured by the other alone: a change that narrows a space compares
+each tree's best); writes JSON. Made for issue 19's launch-time RASTER/SPLITK: a changed source
+must run as fast.
 """
 from __future__ import annotations
 
@@ -50,6 +53,11 @@ def measure(tree: Path, todo: list[dict[str, Any]], gpu: int) -> list[dict[str, 
             cublas = bench.baseline()
         m, n, k = shape
         fam = kernels.get_family(item["family"])
+        rejected = fam.reject_reasons(item["config"], arch)
+        if rejected:
+            out.append({**item, "state": "rejected", "gflops": None, "sm_clock_mhz": None, "error": rejected[0],
+                        "cublas_gflops": cublas["gflops"], "source_hash": fam.source_hash})
+            continue
         cubin = kernels.compile_config(fam, item["config"], arch).cubin  # the user's cache: keys differ per source
         r = bench.evaluate(cubin, fam.launches(item["config"], m, n, k), fam.workspace_bytes(item["config"], m, n, k),
                            fam.flops(m, n, k))
@@ -100,12 +108,37 @@ def main(argv: list[str] | None = None) -> int:
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
     print(f"after/before, geometric mean over {len(ratios)} configs: {geo:.4f}; "
           f"range {min(ratios):.3f}-{max(ratios):.3f}" if ratios else "nothing measured")
+    bests = best_per_shape(rows)
+    for b in bests:
+        print(f"best of {b['configs']} {b['family']} configs at {b['shape']}: before {b['before_gflops'] or 0:.0f}, "
+              f"after {b['after_gflops'] or 0:.0f} GFLOP/s ({b['ratio'] or float('nan'):.3f}; "
+              f"{b['rejected_after']} rejected after, {b['rejected_before']} before)")
     if args.out:
         args.out.write_text(json.dumps({
             "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "passes": args.passes,
-            "before": str(args.before), "pack": str(args.pack), "geomean_ratio": geo, "rows": rows,
+            "before": str(args.before), "pack": str(args.pack), "geomean_ratio": geo, "rows": rows, "best_per_shape": bests,
             "runs": runs}, indent=1) + "\n")
     return 0
+
+
+def best_per_shape(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (family, shape) with several configs in the pack: each side's fastest verified one, their
+    ratio (after/before) and how many configs each side rejected."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["family"], "x".join(map(str, row["shape"]))), []).append(row)
+    out = []
+    for (family, shape), group in groups.items():
+        if len(group) < 2:
+            continue
+        best = {side: max((r[side]["gflops"] or 0.0 for r in group if r[side]["state"] == "ok"), default=0.0) or None
+                for side in ("before", "after")}
+        out.append({"family": family, "shape": shape, "configs": len(group),
+                    "before_gflops": best["before"], "after_gflops": best["after"],
+                    "ratio": best["after"] / best["before"] if best["after"] and best["before"] else None,
+                    **{f"rejected_{side}": sum(r[side]["state"] == "rejected" for r in group)
+                       for side in ("before", "after")}})
+    return out
 
 
 def _site() -> str:
