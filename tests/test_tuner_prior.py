@@ -102,20 +102,21 @@ def test_a_deeper_k_slice_per_barrier_ranks_higher():
 def _recorded(problem: Problem):
     replay = ReplayEvaluator.open(RECORDING)
     family = replay.family(kernels.get_family("warptile"))
-    return replay.recording, family, _accepted_configs(family, "sm_90")
+    return replay, family, _accepted_configs(family, "sm_90")
 
 
 @pytest.mark.parametrize("shape,compiles", [((2048, 2048, 2048), 10), ((1024, 1024, 1024), 0)])
-def test_startup_on_the_h100_recording_beats_uniform_picks(shape, compiles, tmp_path):
+def test_startup_on_the_h100_recording_beats_uniform_picks(shape, compiles):
     """At 2048³ registers decide how many blocks fit an SM (128 vs 129 per thread: 4 or 3), so
-    the prior needs NVRTC's report there (a few compiles, CPU); at 1024³ filling the 132 SMs
-    dominates and estimated registers suffice."""
+    the prior needs NVRTC's report there (a few compiles, CPU: here the recorded report, of the
+    source that was timed); at 1024³ filling the 132 SMs dominates and estimated registers suffice."""
     problem = Problem(*shape)
-    recording, family, accepted = _recorded(problem)
+    replay, family, accepted = _recorded(problem)
+    recording = replay.recording
     _, optimum = recording.optimum("warptile", problem)
     fraction = {config_key(c): recording.result("warptile", problem, c).gflops / optimum
                 for c in accepted}
-    resources = prior.compiled_usage(family, "sm_90", tmp_path) if compiles else None
+    resources = replay.compiled_usage(family, problem) if compiles else None
     picked = []
     for seed in range(2 if compiles else 5):
         configs = prior.startup_configs(family, accepted, *shape, H100, STARTUP_TRIALS, seed,
@@ -189,7 +190,9 @@ def _physical(geom: prior.Geometry, rng: random.Random) -> prior.Usage:
     return prior.Usage(registers, rng.choice([0, 0, 2048]), int(math.ceil(spill)))
 
 
-@pytest.mark.parametrize("name,shape,saves", [("warptile", (2048, 2048, 2048), True),
+# warptile's start-up at 2048³ compiled half the bound before blocked sums narrowed its space
+# (124 groups now, whose estimates do not settle early: every compile of the bound is spent)
+@pytest.mark.parametrize("name,shape,saves", [("warptile", (2048, 2048, 2048), False),
                                               ("pipelined", (2048, 2048, 2048), True),
                                               ("blocktile2d", (4096, 4096, 4096), False)])
 def test_compiling_fewer_groups_picks_exactly_what_compiling_all_would(name, shape, saves):

@@ -19,7 +19,7 @@ from tuner.search.samplers import (GROUP_TRIES, STARTUP_TRIALS, EnumeratedTPE, F
                             SearchSpace, make_sampler)
 
 RECORDING = BUNDLED_RECORDINGS / "h100-warptile+vectorized-2048x2048x2048+1024x1024x1024.json.gz"
-# warptile narrowed to the recorded grid: 602 accepted configs in 34 geometry groups at 2048³
+# warptile narrowed to the recorded grid: 296 accepted configs in 22 geometry groups at 2048³
 WARPTILE = ReplayEvaluator.open(RECORDING).family(kernels.get_family("warptile"))
 SHAPE = (2048, 2048, 2048)
 
@@ -60,13 +60,13 @@ def _run(sampler: optuna.samplers.BaseSampler, asks: int, warm: list[dict[str, i
 def test_enumerated_tpe_proposes_new_accepted_configs_and_learns(grouped):
     accepted, _, positions = grouped
     flat = [p for group in positions for p in group]
-    best = max(_speed(c) for c in accepted)  # 9 of the 602 configs
+    best = max(_speed(c) for c in accepted)  # 4 of the 296 configs
     hits = {}
     for name, model in (("enumerated", lambda s: EnumeratedTPE(flat, seed=s, multivariate=True,
                                                                   n_startup_trials=0)),
                         ("uniform", lambda s: optuna.samplers.RandomSampler(seed=s))):
         hits[name] = 0
-        for seed in range(8):
+        for seed in range(16):
             sampler = FeasibleSampler(model(seed), SearchSpace(
                 space.distributions(WARPTILE), space.feasibility(WARPTILE, "sm_90")),
                 seed=seed, startup_trials=STARTUP_TRIALS)
@@ -74,8 +74,9 @@ def test_enumerated_tpe_proposes_new_accepted_configs_and_learns(grouped):
             keys = [config_key(c) for c in asked]
             assert len(set(keys)) == len(keys) and all(WARPTILE.accepts(c) for c in asked)
             hits[name] += max(_speed(c) for c in asked) == best
-    # within 30 of 602 configs the model finds an optimum in most runs, uniform draws rarely
-    assert hits["enumerated"] >= 5 and hits["enumerated"] >= hits["uniform"] + 3, hits
+    # within 30 of 296 configs the model finds an optimum in most runs (11 of 16), uniform
+    # draws in about a third (6)
+    assert hits["enumerated"] >= 9 and hits["enumerated"] >= hits["uniform"] + 4, hits
 
 
 def test_after_the_startup_every_second_ask_explores_the_best_group(grouped):
@@ -153,10 +154,10 @@ def _proposals_digest(grouped, asks: int, window: int) -> str:
 
 def test_the_default_samplers_proposals_are_pinned(grouped):
     """Same seed, same proposals: speed-ups of the ask (issue 19) must not change which configs
-    it proposes. The digests were taken before those speed-ups; change them only together with
-    a deliberate change of the search."""
-    assert _proposals_digest(grouped, 40, 1) == "27d4a4a180f29da9"
-    assert _proposals_digest(grouped, 40, 5) == "2c8f5752cb28dc64"
+    it proposes. Change the digests only together with a deliberate change of the search or of
+    warptile's space (last: blocked sums over K, which admit at most 64 outputs per thread)."""
+    assert _proposals_digest(grouped, 40, 1) == "58b46e9595d9a64c"
+    assert _proposals_digest(grouped, 40, 5) == "3d40382d5ba6832a"
 
 
 def test_the_tables_built_from_columns_equal_those_built_a_config_at_a_time():

@@ -2,6 +2,7 @@
 // elements, reusing one B value from shared memory TM times.
 #define NT (BM * BN / TM)
 #include "common.cuh"
+#include "blocked_sum.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     SELECT_BATCH_ENTRY();
     extern __shared__ float smem[];
@@ -12,7 +13,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const int tid = threadIdx.x;
     const int tc = tid % BN, tr = tid / BN;
-    float acc[TM] = {0.0f};
+    float total[TM] = {0.0f}, acc[TM] = {0.0f};
     for (int k0 = 0; k0 < K; k0 += BK) {
         for (int i = tid; i < BM * BK; i += NT) {
             const int r = i / BK, c = i % BK;
@@ -30,14 +31,16 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
             for (int i = 0; i < TM; ++i) acc[i] += As[(tr * TM + i) * BK + kk] * b;
         }
         __syncthreads();
+        if (FOLD_AFTER(k0 / BK, BK)) fold_sums(total, acc);
     }
+    fold_sums(total, acc);
     const int col = col0 + tc;
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int row = row0 + tr * TM + i;
         if (row < M && col < N) {
             float* c = C + (size_t)row * ldc + col;
-            *c = epilogue(acc[i], alpha, beta, c, bias, col);
+            *c = epilogue(total[i], alpha, beta, c, bias, col);
         }
     }
 }

@@ -2,6 +2,7 @@
 // register fragments; the A tile is stored transposed so a thread's TM values are contiguous.
 #define NT ((BM / TM) * (BN / TN))
 #include "common.cuh"
+#include "blocked_sum.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     SELECT_BATCH_ENTRY();
     extern __shared__ float smem[];
@@ -12,7 +13,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const int row0 = tile_m * BM, col0 = tile_n * BN;
     const int tid = threadIdx.x;
     const int tc = tid % (BN / TN), tr = tid / (BN / TN);
-    float acc[TM][TN] = {{0.0f}};
+    float total[TM][TN] = {{0.0f}}, acc[TM][TN] = {{0.0f}};
     float ra[TM], rb[TN];
     for (int k0 = 0; k0 < K; k0 += BK) {
         for (int i = tid; i < BM * BK; i += NT) {
@@ -36,7 +37,9 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
                 for (int j = 0; j < TN; ++j) acc[i][j] += ra[i] * rb[j];
         }
         __syncthreads();
+        if (FOLD_AFTER(k0 / BK, BK)) fold_sums(total, acc);
     }
+    fold_sums(total, acc);
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int row = row0 + tr * TM + i;
@@ -45,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
             const int col = col0 + tc * TN + j;
             if (row < M && col < N) {
                 float* c = C + (size_t)row * ldc + col;
-                *c = epilogue(acc[i][j], alpha, beta, c, bias, col);
+                *c = epilogue(total[i][j], alpha, beta, c, bias, col);
             }
         }
     }

@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "tiles.cuh"
 #include "warptile.cuh"
+#include "blocked_sum.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
     SELECT_BATCH_ENTRY();
@@ -19,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const int k_end = min(K, k_begin + k_chunk);
     const int ktiles = k_begin < k_end ? DIV_UP(k_end - k_begin, BK) : 0;
     const WarpPos p = warp_position();
-    float acc[FRAG_M][FRAG_N] = {{0.0f}};
+    float total[FRAG_M][FRAG_N] = {{0.0f}}, acc[FRAG_M][FRAG_N] = {{0.0f}};
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -42,15 +43,17 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
         cp_async_commit();
         const float* As = smem + (t % STAGES) * (A_TILE_FLOATS + B_TILE_FLOATS);
         warp_tile_mma(As, As + A_TILE_FLOATS, p, acc);
+        if (FOLD_AFTER(t, BK)) fold_sums(total, acc);
     }
     cp_async_wait<0>();
+    fold_sums(total, acc);
 
 #if SPLIT
     float* partial = workspace + (size_t)blockIdx.z * M * N;
-    warp_tile_store(partial, N, M, N, row0, col0, p, acc, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace),
+    warp_tile_store(partial, N, M, N, row0, col0, p, total, 1.0f, 0.0f, (N % 4 == 0) && aligned16(workspace),
                     nullptr);
 #else
     const bool vec_c = (ldc % 4 == 0) && aligned16(C);
-    warp_tile_store(C, ldc, M, N, row0, col0, p, acc, alpha, beta, vec_c, bias);
+    warp_tile_store(C, ldc, M, N, row0, col0, p, total, alpha, beta, vec_c, bias);
 #endif
 }

@@ -3,6 +3,7 @@
 #define NT ((BM / TM) * (BN / TN))
 #include "common.cuh"
 #include "tiles.cuh"
+#include "blocked_sum.cuh"
 extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     extern __shared__ __align__(16) float smem[];
     SELECT_BATCH_ENTRY();
@@ -15,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     const bool vec_b = (ldb % 4 == 0) && aligned16(B);
     const bool vec_c = (ldc % 4 == 0) && aligned16(C);
     const int tc = threadIdx.x % (BN / TN), tr = threadIdx.x / (BN / TN);
-    float acc[TM][TN] = {{0.0f}};
+    float total[TM][TN] = {{0.0f}}, acc[TM][TN] = {{0.0f}};
     float ra[TM], rb[TN];
     for (int k0 = 0; k0 < K; k0 += BK) {
         load_a_tile(As, A, lda, M, K, row0, k0, vec_a);
@@ -35,10 +36,12 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
                 for (int j = 0; j < TN; ++j) acc[i][j] += ra[i] * rb[j];
         }
         __syncthreads();
+        if (FOLD_AFTER(k0 / BK, BK)) fold_sums(total, acc);
     }
+    fold_sums(total, acc);
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < TN; j += 4)
-            store4(C, ldc, M, N, row0 + tr * TM + i, col0 + tc * TN + j, &acc[i][j], alpha, beta, vec_c, bias);
+            store4(C, ldc, M, N, row0 + tr * TM + i, col0 + tc * TN + j, &total[i][j], alpha, beta, vec_c, bias);
 }

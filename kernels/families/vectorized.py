@@ -1,5 +1,6 @@
 """Rung 5: float4 global and shared accesses, A transposed and padded in shared memory."""
-from kernels.families.blocktile2d import RASTER
+from kernels.families.blocked_sum import accumulators_fit
+from kernels.families.blocktile2d import RASTER, block_threads
 from kernels.space import Config, Constraint, Family, Param
 
 PADA = Param("PADA", (0, 4), "floats of padding per row of the transposed A tile (bank spreading)")
@@ -24,16 +25,15 @@ class Vectorized(Family):
     constraints = (
         Constraint("BM must be a multiple of TM", lambda c: c["BM"] % c["TM"] == 0),
         Constraint("BN must be a multiple of TN", lambda c: c["BN"] % c["TN"] == 0),
-        Constraint("TM*TN must be at most 128 so the accumulators stay in registers",
-                   lambda c: c["TM"] * c["TN"] <= 128),
+        accumulators_fit("TM*TN", lambda c: c["TM"] * c["TN"], block_threads),
         Constraint("the A tile's float4 count (BM*BK/4) must be a multiple of the thread count",
-                   lambda c: (c["BM"] * c["BK"] // 4) % ((c["BM"] // c["TM"]) * (c["BN"] // c["TN"])) == 0),
+                   lambda c: (c["BM"] * c["BK"] // 4) % block_threads(c) == 0),
         Constraint("the B tile's float4 count (BK*BN/4) must be a multiple of the thread count",
-                   lambda c: (c["BN"] * c["BK"] // 4) % ((c["BM"] // c["TM"]) * (c["BN"] // c["TN"])) == 0),
+                   lambda c: (c["BN"] * c["BK"] // 4) % block_threads(c) == 0),
     )
 
     def threads(self, c: Config) -> int:
-        return (c["BM"] // c["TM"]) * (c["BN"] // c["TN"])
+        return block_threads(c)
 
     def shared_bytes(self, c: Config) -> int:
         return 4 * c["BK"] * (c["BM"] + c["PADA"] + c["BN"] + c["PADB"])

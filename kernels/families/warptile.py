@@ -1,4 +1,5 @@
 """Rung 6: warptiling, block -> warp -> thread tiles as in CUTLASS."""
+from kernels.families.blocked_sum import accumulators_fit
 from kernels.families.blocktile2d import RASTER
 from kernels.families.vectorized import PADA
 from kernels.space import Config, Constraint, Family, Param
@@ -37,8 +38,7 @@ WARP_CONSTRAINTS = (
                lambda c: c["THREADS"] == 32 * (c["BM"] // c["WM"]) * (c["BN"] // c["WN"])),
     Constraint("the warp tile must split into WMITER x WNITER sub-tiles whose TM x TN patches "
                "cover exactly 32 lanes", _lanes_cover_subtile),
-    Constraint("accumulators per thread (WM*WN/32) must be at most 128",
-               lambda c: c["WM"] * c["WN"] // 32 <= 128),
+    accumulators_fit("WM*WN/32", lambda c: c["WM"] * c["WN"] // 32, lambda c: c["THREADS"]),
     Constraint("the B tile's float4 count (BK*BN/4) must be a multiple of THREADS",
                lambda c: (c["BK"] * c["BN"] // 4) % c["THREADS"] == 0),
 )

@@ -1,0 +1,31 @@
+"""The FFMA ladder's blocked sums over K on a real GPU: at K = 4096 with M = N = 1024, where
+cuBLAS FP32 splits K and a single running sum per output had 1.3-3.9x its error, every rung
+(naive ... splitk, each with its first config as bench/accuracy.py picks it) is at or below
+cuBLAS FP32's error on every input kind of bench/accuracy.py, relative and component-wise.
+Run on the GPU host: python -m pytest -m gpu tests/test_ladder_accuracy_gpu.py
+"""
+from __future__ import annotations
+
+import pytest
+from bench_support import bench_module
+
+import kernels
+
+pytestmark = pytest.mark.gpu
+LADDER = ("naive", "smem", "blocktile1d", "blocktile2d", "vectorized", "warptile", "pipelined", "splitk")
+
+
+@pytest.fixture(scope="module")
+def arch() -> str:
+    cupy = pytest.importorskip("cupy")
+    return f"sm_{cupy.cuda.Device(0).compute_capability}"
+
+
+@pytest.mark.parametrize("kind", ["uniform", "normal", "wide", "wide-elements", "cancellation", "tiny", "huge"])
+def test_every_rung_at_most_cublas_fp32s_error_at_long_k(arch, kind):
+    accuracy = bench_module("accuracy")
+    configs = {name: kernels.get_family(name).first_config(arch, 0) for name in LADDER}
+    row = accuracy.measure(kind, 1024, 1024, 4096, configs, seed=3)
+    over = {name: ratios for name in LADDER
+            if max((ratios := accuracy.ratios(row, name)).values()) > accuracy.TARGET_RATIO}
+    assert not over, (kind, over, row)
