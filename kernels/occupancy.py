@@ -88,6 +88,12 @@ def occupancy(arch: str, threads_per_block: int, registers_per_thread: int,
     return Occupancy(blocks, blocks * warps, lim.max_warps_per_sm, limiter)
 
 
+# Registers a tile kernel's thread holds beside its accumulators (fragments, addresses, loop
+# state): ptxas' median on the tile families. The prior's register estimate and the FFMA ladder's
+# blocked-sum constraint both count on it.
+REGISTERS_BESIDE_OUTPUTS = 64
+
+
 @lru_cache(maxsize=256)
 def max_registers(arch: str, threads_per_block: int) -> int:
     """The most registers per thread with which one block of this many threads fits on an SM:

@@ -3,19 +3,15 @@ registers per output (the chunk's partial sum and the running total)."""
 from collections.abc import Callable
 from functools import cache
 
-from kernels.occupancy import max_registers
+from kernels.occupancy import REGISTERS_BESIDE_OUTPUTS, max_registers
 from kernels.space import Config, Constraint
-
-# Fragments, addresses and loop state beside the accumulators (as the prior's register estimate,
-# outputs + 64, reckons them).
-OTHER_REGISTERS = 64
 
 
 def fits_twice(outputs: int, threads: int) -> bool:
     """Whether both sets of a thread's accumulators fit in the registers ptxas may give each of
     `threads` threads (every family's __launch_bounds__ holds it to one resident block), with
     room for the rest; the register file is the same on every architecture the families run on."""
-    return 2 * outputs + OTHER_REGISTERS <= _registers_per_thread(threads)
+    return 2 * outputs + REGISTERS_BESIDE_OUTPUTS <= _registers_per_thread(threads)
 
 
 @cache
@@ -27,7 +23,7 @@ def accumulators_fit(outputs: str, outputs_per_thread: Callable[[Config], int],
                      threads: Callable[[Config], int]) -> Constraint:
     """The constraint, its reason naming the family's count of outputs per thread."""
     return Constraint(
-        f"2 x accumulators per thread ({outputs}) + {OTHER_REGISTERS} must fit in the registers a "
+        f"2 x accumulators per thread ({outputs}) + {REGISTERS_BESIDE_OUTPUTS} must fit in the registers a "
         "block's thread may use (255 up to 256 threads, 128 at 512, 64 at 1024): blocked sums "
         "over K keep a partial and a total per output",
         lambda c: fits_twice(outputs_per_thread(c), threads(c)))

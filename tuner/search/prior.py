@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import kernels
+from kernels.occupancy import REGISTERS_BESIDE_OUTPUTS
 
 from tuner.measure.resources import Resources, Usage, usage_of
 
@@ -119,7 +120,7 @@ def estimated_usage(geom: Geometry, arch: str | None = None) -> Usage:
             cap = min(cap, kernels.max_registers(arch, geom.threads))
         except ValueError:  # an architecture without limits, or threads out of range
             pass
-    return Usage(registers=min(cap, int(max(q + 64, 1.8 * q))),
+    return Usage(registers=min(cap, int(max(q + REGISTERS_BESIDE_OUTPUTS, 1.8 * q))),
                  spill_bytes=int(least_spill_bytes(q, cap)))
 
 
