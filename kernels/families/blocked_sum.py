@@ -1,7 +1,6 @@
 """The register cost of blocked_sum.cuh: the FFMA ladder's two-level sums over K keep two FP32
 registers per output (the chunk's partial sum and the running total)."""
 from collections.abc import Callable
-from functools import cache
 
 from kernels.occupancy import REGISTERS_BESIDE_OUTPUTS, max_registers
 from kernels.space import Config, Constraint
@@ -11,12 +10,9 @@ def fits_twice(outputs: int, threads: int) -> bool:
     """Whether both sets of a thread's accumulators fit in the registers ptxas may give each of
     `threads` threads (every family's __launch_bounds__ holds it to one resident block), with
     room for the rest; the register file is the same on every architecture the families run on."""
-    return 2 * outputs + REGISTERS_BESIDE_OUTPUTS <= _registers_per_thread(threads)
-
-
-@cache
-def _registers_per_thread(threads: int) -> int:
-    return max_registers("sm_90", threads) if 1 <= threads <= 1024 else 0  # larger: no block runs
+    if not 1 <= threads <= 1024:  # no block of that many runs at all
+        return False
+    return 2 * outputs + REGISTERS_BESIDE_OUTPUTS <= max_registers("sm_90", threads)  # lru-cached
 
 
 def accumulators_fit(outputs: str, outputs_per_thread: Callable[[Config], int],
