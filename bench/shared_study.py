@@ -95,6 +95,7 @@ LEVELS = (0.95, 0.98, 0.99, 1 - BEST_TOLERANCE)  # fractions of the single run's
 TARGET_LEVEL = f"{1 - BEST_TOLERANCE:g}"  # the issue's: the single run's best, within 0.5 %
 START_MARGIN_S = 300.0  # a worker's start-up and cuBLAS baselines beside its studies' timeouts
 POLL_S = 0.05
+SETTLE_S = 0.5  # after stopping the victim, before reading what it holds
 DEFAULT_SHAPES = ("2048x2048x2048", "1023x1025x999")
 DEFAULT_FAMILIES = ("wgmma", "tf32x3")
 MECHANICS_ONLY = "mechanics only, no speed-up figure"
@@ -509,6 +510,9 @@ def kill_while_claiming(victim: Worker, storage: BaseStorage, kill_after_s: floa
         if claims_of(storage, victim.worker_id):
             # frozen, it cannot finish or release the claim between this look and the kill
             victim.process.send_signal(signal.SIGSTOP)
+            # what is already on its way lands first: a commit the victim sent before the stop,
+            # or another worker's take of its fresh claim (which renames the claim's worker)
+            time.sleep(SETTLE_S)
             held = claims_of(storage, victim.worker_id)
             if held:
                 victim.process.send_signal(signal.SIGKILL)

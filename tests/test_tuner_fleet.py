@@ -513,3 +513,46 @@ def test_a_queued_retry_another_worker_took_and_finished_is_not_taken(tmp_path):
         storage.set_trial_state_values(retry, TrialState.COMPLETE, [1.0])
         assert shared.take_waiting(seen) is False
         assert retry not in shared.own
+
+
+
+@needs_pg
+def test_a_fresh_claim_taken_in_its_waiting_moment_names_its_taker(tmp_path, monkeypatch):
+    """A claim is stored WAITING and given its heartbeat before it turns RUNNING; another
+    worker's pull in that moment sees a queued retry and may take it. The claimer then backs
+    off, and the trial names its taker, who beats for it: bench/shared_study.py's kill phase
+    finds a victim's claims by that name (seen in CI: a claim taken this way was counted as the
+    victim's, then completed by the survivor)."""
+    from tuner.search import fleet
+
+    def named(label: str) -> None:
+        monkeypatch.setattr(fleet, "worker_id", lambda pid=None: label)
+
+    with _pg_fleet(tmp_path) as (_, storage):
+        name = study_name(GPU, FAMILY, P)
+        claimer, taker = (fleet.SharedStudy(storage, name, claims=True,
+                                            key_of=lambda t: tuple(sorted(t.params.items())),
+                                            stale_check_every_s=HEARTBEAT) for _ in range(2))
+        turn = fleet.SharedStudy._turn_running
+        taken: list[int] = []
+
+        def taken_before_the_turn(self, trial_id):
+            if self is claimer:
+                named("taker:2")
+                taker.pull()
+                [waiting] = taker.waiting()
+                assert waiting.system_attrs[fleet.WORKER_ATTR] == "claimer:1"
+                assert taker.take_waiting(waiting)
+                taken.append(waiting._trial_id)
+            return turn(self, trial_id)
+
+        monkeypatch.setattr(fleet.SharedStudy, "_turn_running", taken_before_the_turn)
+        named("claimer:1")
+        params = space.params_from_config(FAMILY, _accepted(FAMILY)[0])
+        assert claimer.claim(params, space.distributions(FAMILY)) is None, "the claimer backs off"
+        [trial_id] = taken
+        trial = storage.get_trial(trial_id)
+        assert trial.state == TrialState.RUNNING
+        assert trial.system_attrs[fleet.WORKER_ATTR] == "taker:2"
+        assert trial_id in taker.mine_running and trial_id in taker.own
+        assert trial_id not in claimer.mine_running and trial_id not in claimer.own

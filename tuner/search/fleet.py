@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 OPEN_STATES = (TrialState.RUNNING, TrialState.WAITING)
 # System attribute of a claim: which process holds it ("host/pid"), written with the claim (no
-# extra commit), so that an operator or bench/shared_study.py can tell whose a running trial is.
+# extra commit) and rewritten by a worker that takes it as a queued retry, so that an operator
+# or bench/shared_study.py can tell whose a running trial is.
 WORKER_ATTR = "worker"
 
 
@@ -175,12 +176,17 @@ class SharedStudy:
 
     def take_waiting(self, trial: FrozenTrial) -> bool:
         """Take a queued retry (WAITING → RUNNING); False: someone else took it first (and may
-        have measured it since this worker's last pull)."""
+        have measured it since this worker's last pull). Its first heartbeat goes before the
+        turn, as a claim's does (``claim`` says why)."""
+        self._start_heartbeat(trial._trial_id)
         if not self._turn_running(trial._trial_id):
+            self._stop_heartbeat(trial._trial_id)
             return False
+        # the trial still names the worker that queued it, or whose fresh claim this was: a
+        # claim is stored WAITING for a moment before its turn, and may be taken in that moment
+        self.storage.set_trial_system_attr(trial._trial_id, WORKER_ATTR, worker_id())
         self.others_open.pop(trial._trial_id, None)
         self.own.add(trial._trial_id)
-        self._start_heartbeat(trial._trial_id)
         return True
 
     def finish(self, trial_id: int, finished: FrozenTrial) -> int:
