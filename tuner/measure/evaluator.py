@@ -89,7 +89,7 @@ class Evaluator(Protocol):
 # A prepared candidate the search lets go without measuring it (its study ended): an evaluator
 # may offer ``discard(family, config)`` to drop its compile (cancelled where not begun).
 
-# Asynchronous measurement (issue 19). An evaluator may offer ``submit(family, config, problem)
+# Asynchronous measurement (docs/measurement.md, "The GPU child's queue"). An evaluator may offer ``submit(family, config, problem)
 # -> ticket`` and ``collect(ticket) -> Measurement`` (answered in submission order) and
 # ``tickets``: how many it takes at once, all its GPUs together. These helpers give every other
 # evaluator the same shape: one ticket, measured at collect, exactly as a plain ``evaluate`` call.

@@ -346,7 +346,7 @@ class GpuBench:
     # ---- candidates -------------------------------------------------------------------------
     def evaluate(self, cubin: bytes, launches: Sequence[Launch], workspace_bytes: int, flops: int) -> dict:
         m, n, k = self._need_problem()
-        # Wall seconds per phase and the kernel time run (issue 19's throughput accounting):
+        # Wall seconds per phase and the kernel time run (bench/throughput.py's accounting):
         # perf_counter reads outside the event-timed region, so the timing itself is unchanged.
         phases = {"load": 0.0, "verify": 0.0, "time": 0.0}
         result: dict[str, Any] = {"state": "ok", "error": None, "rel_error": None,

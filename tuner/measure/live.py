@@ -4,7 +4,7 @@ The GPU child runs ``tuner.measure.gpu.GpuBench`` (or a stand-in backend with th
 candidate that kills the CUDA context (GpuFault), the child process, or hangs past the timeout
 is recorded as crashed / timeout, and the child is replaced and given the problem again.
 
-Requests are asynchronous (``submit`` / ``collect``, issue 19): up to ``QUEUE_DEPTH`` candidates
+Requests are asynchronous (``submit`` / ``collect``): up to ``QUEUE_DEPTH`` candidates
 wait in each child's pipe, answered in order. A failure of the one being measured replaces the
 child and hands the ones queued behind it, unmeasured, to the new child.
 
@@ -336,7 +336,7 @@ class CompilePool:
 
     def start(self) -> list[Future[int]]:
         """Start every worker process now (each imports the tuner and loads NVRTC, ~1-2 s),
-        instead of at the first compiles, where the GPU would wait for them (issue 19): the
+        instead of at the first compiles, where the GPU would wait for them (docs/measurement.md, "Compile pool"): the
         executor starts one per job submitted while none is idle. Each answers its pid."""
         pool = self._pool()
         return [pool.submit(os.getpid) for _ in range(self.workers)]
@@ -347,7 +347,7 @@ class CompilePool:
         does not wait in the queue behind other compiles (a new study's first candidates queued
         behind the compiles its predecessor left running). A config whose CUBIN is being built
         for another (they differ only in launch-time parameters) gets that compile's future:
-        a second job would hold a worker waiting on the cache entry's lock (issue 19)."""
+        a second job would hold a worker waiting on the cache entry's lock."""
         assert self.arch is not None, "the pool's architecture is set before its first compile"
         try:
             key: str | None = self._cubin_key(family, config)
@@ -606,7 +606,7 @@ class LiveEvaluator:
         skipped) on workers that are idle now, leaving ``SPARE_WORKERS`` idle for the
         candidates asked next; how many began. For the configs a search will likely ask
         for next (``ModelSampler.upcoming``): when it asks, their compiles are done or
-        under way instead of starting then (issue 19)."""
+        under way instead of starting then."""
         began, configs = 0, iter(configs)
         with self.phases.timed(PREPARE):
             while self.pool.idle() > SPARE_WORKERS:  # (checked before one more is taken)

@@ -1,4 +1,4 @@
-"""Where a tuning run's wall time goes (issue 19): one accumulator per command.
+"""Where a tuning run's wall time goes: one accumulator per command.
 
 The main thread's time is split into exclusive phases: a phase entered inside another is
 subtracted from the outer one, so the phases of the search loop add up to the loop's wall time

@@ -165,7 +165,7 @@ def tune_all(
                 def build_next() -> None:
                     # the shape's next study is built while the GPU measures this one's last
                     # candidates (tf32x3's and pipelined's set-ups left it idle 0.3-1 s on the
-                    # H100; issue 19)
+                    # H100; docs/measurement.md, "Study boundaries")
                     if session.stop.requested:
                         return
                     try:

@@ -1,5 +1,6 @@
 """A registered family's accepted configs, enumerated once per family and architecture and kept
-on disk beside the CUBIN cache (issue 19).
+on disk beside the CUBIN cache (docs/measurement.md,
+"The pipeline that keeps the GPU busy").
 
 Enumerating pipelined's or tf32x3's accepted configs is seconds of pure Python, and they depend
 on the family's parameters and rules and the architecture only, not on the shape. The file holds

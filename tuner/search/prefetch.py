@@ -1,4 +1,5 @@
-"""Prepare the next studies' start-ups while the current one measures (issue 19).
+"""Prepare the next studies' start-ups while the current one measures (docs/measurement.md,
+"Start-ups prepared ahead").
 
 A study's start-up (``tuner.search.study.Startup``: its accepted configs enumerated, grouped by
 geometry, the static prior's ranking, which compiles up to ``prior.MAX_COMPILES`` configs, where

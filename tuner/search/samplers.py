@@ -2,9 +2,9 @@
 
 ``--sampler default`` is the recommended set-up: the learned cost model
 (``tuner.search.learned``, ``--sampler model``) where the family's accepted configs are listed
-(``resolve``), which meets issue 15's targets on every leave-one-out recorded pair and met them
-on 15 of 18 against 7 for the TPE set-up below when it replaced it (docs/search.md, "Why the
-default sampler is what it is"); that TPE set-up (``--sampler prior``) where they are too many
+(``resolve``), which meets the search's targets (docs/search.md, "Today's table") on every
+leave-one-out recorded pair and met them on 15 of 18 against 7 for the TPE set-up below when it
+replaced it (docs/search.md, "Why the default sampler is what it is"); that TPE set-up (``--sampler prior``) where they are too many
 to list (``tuner.search.study.ENUMERABLE_SPACE``: every registered family's space is listed
 today). Why each piece of the TPE set-up is there (docs/search.md, "The static prior and the
 prior set-up"):
@@ -141,7 +141,7 @@ def _keys(columns: Sequence[Sequence[int]], names: Sequence[str]
           ) -> Iterator[tuple[tuple[str, int], ...]]:
     """``_key`` of each row of ``columns`` (one list of ints per name) without a dict and a
     sort per row: the names are distinct, so sorting them once orders every key alike. A study
-    of 10⁵ accepted configs builds these at its start, with the GPU waiting (issue 19)."""
+    of 10⁵ accepted configs builds these at its start, with the GPU waiting."""
     order = sorted(range(len(names)), key=lambda j: names[j])
     if not order:
         return iter([()] * (len(columns[0]) if columns else 0))
@@ -228,7 +228,7 @@ class EnumeratedTPE(optuna.samplers.TPESampler):
     def _table_over(self, names: Sequence[str]) -> _Table:
         """The accepted configs over ``names`` as arrays (built once per search space): an ask
         then selects its candidates with a mask instead of a Python pass over 10⁴-10⁵ configs,
-        which cost most of its time (issue 19)."""
+        which cost most of its time."""
         if self._table is None or self._table.names != tuple(names):
             self._table = _Table.build(self.accepted, names)
         return self._table
@@ -277,7 +277,7 @@ class FeasibleSampler(optuna.samplers.BaseSampler):
         self.rng = random.Random(seed)
         self.varying = {name: d for name, d in space.distributions.items() if not d.single()}
         # each accepted config's geometry group, by its key over the varying parameters (what
-        # the study's trials hold); built from columns, not a dict per config (issue 19)
+        # the study's trials hold); built from columns, not a dict per config
         self.groups = space.groups
         names = list(self.varying)
         columns = [[int(p[n]) for group in self.groups for p in group] for n in names]

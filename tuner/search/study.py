@@ -656,7 +656,7 @@ class StudyRun:
         """Candidates that can still be measured before the deadline at this run's rate so
         far, plus the evaluator's queue: near a time limit the window stops asking for
         candidates that would be compiled and never measured (a fresh CUBIN cache spent a
-        window's worth of compiles at the end of every study; issue 19). No deadline, or
+        window's worth of compiles at the end of every study). No deadline, or
         fewer results than the queue holds: None, no limit."""
         if self.deadline is None or self.measured_now < self.depth:
             return None
@@ -751,7 +751,7 @@ class StudyRun:
                 self.fruitless = 0
                 if len(self.submitted) < self.depth:
                     # the GPU child has room (a study's start, or it ran dry): hand it what
-                    # has compiled by now, not after the window's last ask (issue 19)
+                    # has compiled by now, not after the window's last ask (docs/measurement.md, "Study boundaries")
                     self._submit_ready(wait=False)
             else:
                 self.fruitless += 1
@@ -800,7 +800,7 @@ class StudyRun:
 
     def _submit_ready(self, wait: bool = True) -> None:
         """Hand window candidates to the evaluator while its queue has room: it measures the
-        next one while this thread records, tells and asks (issue 19). ``wait=False``: only
+        next one while this thread records, tells and asks. ``wait=False``: only
         those compiled already; else one compile is waited for while the child has none."""
         for item in [item for item in self.pending if item.alias and item.key in self.known]:
             self.pending.remove(item)  # the same config as an earlier one, measured by now

@@ -1,4 +1,4 @@
-"""Storage writes off the main thread (issue 19): one writer thread per study run.
+"""Storage writes off the main thread: one writer thread per study run.
 
 Each finished trial costs the Optuna RDB storage a transaction and the results database an
 insert (~90-105 ms of CPU on a small box); the study loop hands them to ``StoreWriter`` and
