@@ -137,7 +137,10 @@ def test_real_recordings_are_valid_and_describe_current_families(path):
     for name, header in recording.families.items():
         family = kernels.get_family(name)
         assert header.params == tuple(p.name for p in family.params)
-        assert all(set(values) <= set(p.values) for p, values in zip(family.params, header.grid.values()))
+        # a value the family has dropped since (wgmma's FLUSH = 2) may stay in the recorded grid:
+        # the replay narrows the grid to the family's values, so each parameter must keep one
+        for p, values in zip(family.params, header.grid.values()):
+            assert set(values) & set(p.values), f"{name}: no recorded {p.name} is allowed now"
     for name, problem in recording.pairs():
         assert recording.optimum(name, problem) is not None, f"{name} {problem}: nothing ok"
         assert recording.problem(problem).baseline_result() is not None
