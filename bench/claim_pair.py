@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"(got {args.trials}, {args.seeds})")
     if not args.recording.exists():
         parser.error(f"--recording {args.recording}: no such file")
-    sys.path.insert(0, str(REPO))
-    from shared_study import postgres_admin  # bench/, beside this script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from shared_study import postgres_admin  # bench/shared_study.py, beside this script
 
     searched, best = target_gflops(args.recording)
     rows: list[dict[str, Any]] = []

@@ -481,7 +481,6 @@ def test_a_queued_retry_another_worker_took_and_finished_is_not_taken(tmp_path):
         assert retry not in shared.own
 
 
-
 @needs_pg
 def test_a_fresh_claim_taken_in_its_waiting_moment_names_its_taker(tmp_path, monkeypatch):
     """A claim is stored WAITING and given its heartbeat before it turns RUNNING; another
