@@ -1,11 +1,14 @@
 """Accuracy of every FP32-class family against cuBLAS FP32 on the same inputs (GPU).
 
     python bench/accuracy.py [--gpu 0] [--size 1024] [--k 1000 --k 4096 --k 16384]
-                             [--kind KIND ...] [--family NAME ...] [--set FAMILY:PARAM=V] [--out FILE]
+                             [--kind KIND ...] [--family NAME ...] [--set FAMILY:PARAM=V] [--variants]
+                             [--out FILE]
 
 For each input kind (KINDS) and each K, one M = N = size problem is run by every family of the
 "fp32" precision class that the GPU offers (its first starting point, or the first accepted
-config of a seeded sample where it has none; --set overrides a parameter) and by cuBLAS FP32
+config of a seeded sample where it has none; --set overrides a parameter; --variants adds that
+config with each other value of each parameter that changes the order of the sums, one at a
+time: the family's ``summation_params``) and by cuBLAS FP32
 (cublasGemmEx, CUBLAS_COMPUTE_32F, no TF32), and compared with a float64 reference (CuPy's
 product of the same FP32 inputs):
   relative error   ||out - ref||_F / ||ref||_F
@@ -84,6 +87,23 @@ def fp32_families(arch: str, names: list[str] | None = None) -> dict[str, kernel
     return {name: f for name, f in offered.items() if not names or name in names}
 
 
+def variants(family: kernels.Family, base: dict[str, int], arch: str) -> dict[str, dict[str, int]]:
+    """``base`` with each other value of each of the family's summation parameters, one at a
+    time, where the family accepts it: labelled "FAMILY PARAM=VALUE"."""
+    found = {}
+    for param in (p for p in family.params if p.name in family.summation_params):
+        for value in param.values:
+            config = {**base, param.name: value}
+            if value != base[param.name] and not family.reject_reasons(config, arch):
+                found[f"{family.name} {param.name}={value}"] = config
+    return found
+
+
+def family_of(label: str) -> str:
+    """The family a column of the table measures ("tf32x3" or "tf32x3 KGROUP=1")."""
+    return label.split()[0]
+
+
 def errors(out: Any, ref: Any, absprod: Any) -> dict[str, float]:
     """Relative Frobenius error and the largest component-wise error (cupy arrays, float64)."""
     import cupy as cp
@@ -120,7 +140,7 @@ def measure(kind: str, m: int, n: int, k: int, configs: dict[str, dict[str, int]
         row: dict[str, Any] = {"kind": kind, "m": m, "n": n, "k": k, "seed": seed,
                                "cublas_fp32": errors(out, ref, absprod)}
         for name, config in configs.items():
-            fam = kernels.get_family(name)
+            fam = kernels.get_family(family_of(name))
             out = cp.full((m, n), cp.nan, cp.float32)
             kernels.gemm(fam, config, da, db_, out, m, n, k, alpha=1.0, beta=0.0, stream=stream.ptr, device=device)
             stream.synchronize()
@@ -163,6 +183,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="FAMILY:PARAM=V",
                         help="override a parameter of a family's config")
+    parser.add_argument("--variants", action="store_true",
+                        help="also each other value of each family's summation parameters "
+                             "(kernels' summation_params: split-K slices, flushes), one at a time")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     try:
@@ -185,6 +208,9 @@ def main() -> int:
             configs[name][param] = int(value)
         except (ValueError, KeyError):
             parser.error(f"argument --set: {item!r} is not FAMILY:PARAM=VALUE with FAMILY one of {', '.join(configs)}")
+    if args.variants:
+        for name in list(configs):
+            configs.update(variants(families[name], configs[name], arch))
     rows = [measure(kind, args.size, args.size, k, configs, args.seed, args.gpu)
             for kind in (args.kind or KINDS) for k in (args.k or [1000, 4096, 16384])]
     for name, config in configs.items():

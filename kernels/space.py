@@ -174,6 +174,10 @@ class Family:
     # A tuner with no history for a problem measures these first, as Triton's autotuner starts
     # from its declared configs; the search then goes on from them.
     starting_points: tuple[dict[str, int], ...] = ()
+    # Parameters that change the order in which each output's products are summed (slices of
+    # K, a tensor-core partial's flushes, warps taking turns over K), and so its rounding error:
+    # bench/accuracy.py --variants measures each of their values.
+    summation_params: tuple[str, ...] = ()
     # Architectures the family runs on (None: any that MAX_SHARED_PER_BLOCK knows); a config
     # asked for on another one is rejected with this family's reason.
     architectures: tuple[str, ...] | None = None

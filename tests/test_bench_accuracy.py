@@ -94,3 +94,30 @@ def test_the_table_gives_each_family_as_a_multiple_of_cublas_and_names_what_miss
     assert "1.20/0.80" in lines[1] and "1.00/1.00" in lines[1] and "0.50/0.50" in lines[2]
     assert lines[-1].endswith("NOT met (1: wgmma uniform K=4096)")
     assert accuracy.table(rows[1:], ["wgmma", "naive"])[1] == []
+
+
+def test_variants_vary_each_summation_parameter_alone_where_the_family_accepts_it(accuracy):
+    import kernels
+
+    tf32x3 = kernels.get_family("tf32x3")
+    base = dict(tf32x3.starting_points[-1])  # BK = 16, KGROUP = 2, SPLITK = 16
+    assert (base["BK"], base["KGROUP"], base["SPLITK"]) == (16, 2, 16)
+    found = accuracy.variants(tf32x3, base, "sm_90")
+    assert list(found) == ["tf32x3 KGROUP=1", "tf32x3 SPLITK=1", "tf32x3 SPLITK=2",
+                           "tf32x3 SPLITK=4", "tf32x3 SPLITK=8"]  # KGROUP=4 needs BK = 32
+    assert found["tf32x3 KGROUP=1"] == {**base, "KGROUP": 1}
+    assert all(accuracy.family_of(label) == "tf32x3" for label in found)
+    # a family whose every config sums in one order has none
+    assert accuracy.variants(kernels.get_family("pipelined"),
+                             dict(kernels.get_family("pipelined").first_config("sm_90", 0)),
+                             "sm_90") == {}
+
+
+def test_summation_parameters_are_parameters_and_every_split_k_is_one():
+    import kernels
+
+    for family in kernels.FAMILIES.values():
+        names = {p.name for p in family.params}
+        assert set(family.summation_params) <= names, family.name
+        if "SPLITK" in names:  # slices of K summed apart: always a change of order
+            assert "SPLITK" in family.summation_params, family.name

@@ -67,6 +67,7 @@ class F16x3(HopperFamily):
                    "3xTF32 in the same kernel where a row's range does not fit FP16, decided on the device.")
     source_file = "f16x3.cu"
     precision = "fp32-tc"
+    summation_params = ("FLUSH", "SPLITK")
     params = (
         WGS,
         Param("MW", (1, 2), "64-row wgmma tiles per consumer warpgroup (BM = 64 * MW * WGS)"),

@@ -13,6 +13,7 @@ class Skinny(Family):
     name = "skinny"
     rung = 10
     precision = "ffma"
+    summation_params = ("WK", "SPLITK")
     description = ("Small M against a large B (bandwidth-bound, e.g. 16x4096x4096): each warp streams "
                    "batches of B rows through its own cp.async ring, lanes keep TM x 4 outputs; warps "
                    "split K in the block, SPLITK across blocks.")

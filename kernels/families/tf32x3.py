@@ -19,6 +19,7 @@ class Tf32x3(Family):
     name = "tf32x3"
     rung = 9
     precision = "fp32-tc"
+    summation_params = ("KGROUP", "SPLITK")
     description = ("Tensor cores at FP32 accuracy: each operand split into a TF32 part and its "
                    "remainder, three mma.sync per product; cp.async ring; optional split-K.")
     source_file = "tf32x3.cu"

@@ -59,6 +59,7 @@ class Wgmma(HopperFamily):
                    "big/small parts, B split in registers; optional split-K.")
     source_file = "wgmma.cu"
     precision = "fp32-tc"
+    summation_params = ("FLUSH", "SPLITK")
     params = (
         Param("BM", (64, 96, 128), "rows of C per block (the wgmma N extent)"),
         Param("BK", (32, 64), "depth of a shared-memory stage (32-deep swizzle atoms)"),
