@@ -28,7 +28,6 @@ JSON to ``bench/results/accumulation_model.json`` unless ``--out`` says otherwis
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -111,10 +110,12 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 def accuracy_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("accuracy", REPO / "bench" / "accuracy.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    """bench/accuracy.py, beside this script (its inputs and kinds), imported as the other
+    benches import their neighbours."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import accuracy
+
+    return accuracy
 
 
 def measured_rows(path: Path | None) -> dict[tuple[str, int], dict[str, Any]]:

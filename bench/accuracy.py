@@ -91,7 +91,7 @@ def variants(family: kernels.Family, base: dict[str, int], arch: str) -> dict[st
     """``base`` with each other value of each of the family's summation parameters, one at a
     time, where the family accepts it: labelled "FAMILY PARAM=VALUE"."""
     found = {}
-    for param in (p for p in family.params if p.name in family.summation_params):
+    for param in (p for p in family.params if p.sums):
         for value in param.values:
             config = {**base, param.name: value}
             if value != base[param.name] and not family.reject_reasons(config, arch):

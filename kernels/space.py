@@ -58,6 +58,10 @@ class Param:
     # ran with, so that they are read as that (warm starts, pack refreshes); None where there
     # were none.
     before: int | None = None
+    # Whether its values change the order in which each output's products are summed (slices of
+    # K, a tensor-core partial's flushes, warps taking turns over K), and so the rounding error:
+    # bench/accuracy.py --variants measures each value.
+    sums: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,14 +178,15 @@ class Family:
     # A tuner with no history for a problem measures these first, as Triton's autotuner starts
     # from its declared configs; the search then goes on from them.
     starting_points: tuple[dict[str, int], ...] = ()
-    # Parameters that change the order in which each output's products are summed (slices of
-    # K, a tensor-core partial's flushes, warps taking turns over K), and so its rounding error:
-    # bench/accuracy.py --variants measures each of their values.
-    summation_params: tuple[str, ...] = ()
     # Architectures the family runs on (None: any that MAX_SHARED_PER_BLOCK knows); a config
     # asked for on another one is rejected with this family's reason.
     architectures: tuple[str, ...] | None = None
     architecture_reason = ""
+
+    @property
+    def summation_params(self) -> tuple[str, ...]:
+        """The parameters that change the order of each output's sums (``Param.sums``)."""
+        return tuple(p.name for p in self.params if p.sums)
 
     def offered_on(self, arch: str) -> bool:
         """Whether the family runs on `arch` at all (else every config is rejected)."""

@@ -67,14 +67,14 @@ class F16x3(HopperFamily):
                    "3xTF32 in the same kernel where a row's range does not fit FP16, decided on the device.")
     source_file = "f16x3.cu"
     precision = "fp32-tc"
-    summation_params = ("FLUSH", "SPLITK")
     params = (
         WGS,
         Param("MW", (1, 2), "64-row wgmma tiles per consumer warpgroup (BM = 64 * MW * WGS)"),
         Param("BN", (64, 96, 128), "columns of C per block (the wgmma N extent)"),
         Param("ATOMS", (1, 2), "128-byte rows per tile row and stage: 64 k each on the FP16 path, 32 on TF32"),
         STAGES,
-        Param("FLUSH", (2, 4), "k-steps (16 deep on FP16, 8 on TF32) summed on the tensor core before each FP32 add"),
+        Param("FLUSH", (2, 4), "k-steps (16 deep on FP16, 8 on TF32) summed on the tensor core before each FP32 add",
+              sums=True),
         SPLITK,
         RASTER,
     )

@@ -10,7 +10,8 @@ CONSUMER_REGS = {1: 255, 2: 232, 3: 152}
 # Parameters both families have, with one meaning.
 WGS = Param("WGS", (1, 2, 3), "consumer warpgroups (a producer warpgroup comes on top)")
 STAGES = Param("STAGES", (2, 3, 4, 5, 6), "shared-memory stages in the TMA ring")
-SPLITK = Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True)
+SPLITK = Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True,
+               sums=True)
 
 
 class HopperFamily(Family):

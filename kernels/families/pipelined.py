@@ -29,10 +29,10 @@ class SplitK(Pipelined):
     name = "splitk"
     rung = 8
     precision = "ffma"
-    summation_params = ("SPLITK",)
     description = ("The pipelined kernel with K cut into SPLITK slices (blockIdx.z), partial sums in a "
                    "workspace and a reduction kernel; for small M*N and large K.")
-    params = Pipelined.params + (Param("SPLITK", (2, 4, 8, 16, 32), "slices of K", launch_time=True),)
+    params = Pipelined.params + (Param("SPLITK", (2, 4, 8, 16, 32), "slices of K", launch_time=True,
+                                           sums=True),)
 
     def splits(self, c: Config) -> int:
         return c["SPLITK"]

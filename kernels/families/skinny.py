@@ -13,7 +13,6 @@ class Skinny(Family):
     name = "skinny"
     rung = 10
     precision = "ffma"
-    summation_params = ("WK", "SPLITK")
     description = ("Small M against a large B (bandwidth-bound, e.g. 16x4096x4096): each warp streams "
                    "batches of B rows through its own cp.async ring, lanes keep TM x 4 outputs; warps "
                    "split K in the block, SPLITK across blocks.")
@@ -22,8 +21,9 @@ class Skinny(Family):
         Param("TM", (1, 2, 4, 8, 16), "rows of A (and C) per block"),
         Param("UNROLL", (4, 8, 16, 32), "rows of B per batch (one ring slot)"),
         Param("STAGES", (2, 3, 4, 6, 8), "ring slots per warp (batches in flight)"),
-        Param("WK", (1, 2, 4, 8, 16), "warps per block, taking turns over the block's K range"),
-        Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
+        Param("WK", (1, 2, 4, 8, 16), "warps per block, taking turns over the block's K range", sums=True),
+        Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True,
+              sums=True),
     )
 
     # From the full sweep on the H100 at 16x4096x4096: the fastest that fit in 99 KiB of shared

@@ -19,7 +19,6 @@ class Tf32x3(Family):
     name = "tf32x3"
     rung = 9
     precision = "fp32-tc"
-    summation_params = ("KGROUP", "SPLITK")
     description = ("Tensor cores at FP32 accuracy: each operand split into a TF32 part and its "
                    "remainder, three mma.sync per product; cp.async ring; optional split-K.")
     source_file = "tf32x3.cu"
@@ -32,9 +31,10 @@ class Tf32x3(Family):
         Param("WM", (16, 32, 48, 64, 128), "warp tile rows (16-row mma tiles)"),
         Param("WN", (16, 32, 48, 64, 128), "warp tile columns (8-column mma tiles)"),
         Param("KGROUP", (1, 2, 4),
-              "k-steps (8 deep) summed on the tensor core before each FP32 add"),
+              "k-steps (8 deep) summed on the tensor core before each FP32 add", sums=True),
         Param("STAGES", (2, 3, 4), "shared-memory slices in flight (cp.async ring depth)"),
-        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True),
+        Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True,
+              sums=True),
         RASTER,
     )
     constraints = (

@@ -59,7 +59,6 @@ class Wgmma(HopperFamily):
                    "big/small parts, B split in registers; optional split-K.")
     source_file = "wgmma.cu"
     precision = "fp32-tc"
-    summation_params = ("FLUSH", "SPLITK")
     params = (
         Param("BM", (64, 96, 128), "rows of C per block (the wgmma N extent)"),
         Param("BK", (32, 64), "depth of a shared-memory stage (32-deep swizzle atoms)"),
@@ -69,7 +68,8 @@ class Wgmma(HopperFamily):
         # 4 only: 1 measured 20 % slower; 2 was never the fastest on any recorded shape or pack
         # entry, and sums K >= 4096 less accurately than cuBLAS FP32 in the accumulation model
         # (docs/kernels.md, "Accuracy: FLUSH and round-to-nearest splits").
-        Param("FLUSH", (4,), "k-steps (8 deep) summed on the tensor core before each FP32 add"),
+        Param("FLUSH", (4,), "k-steps (8 deep) summed on the tensor core before each FP32 add",
+              sums=True),
         SPLITK,
         RASTER,
         Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
