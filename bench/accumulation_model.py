@@ -1,10 +1,10 @@
 """A CPU model of 3xTF32 accumulation (wgmma, tf32x3), calibrated on measured errors (no GPU).
 
     python bench/accumulation_model.py [--kind uniform ...] [--k 4096 ...] [--flush 2 4]
-        [--order current small-first] [--block 48] [--align-bits 26]
-        [--measured bench/results/accuracy-h200.json] [--out FILE]
+        [--order interleaved small-first] [--block 48] [--align-bits 26]
+        [--measured bench/results/accuracy-h200.json [--measured-order small-first]] [--out FILE]
 
-What it emulates, per output, in the order the kernels sum (docs/kernels.md, "A model of the
+What it emulates, per output, in the orders the kernels sum (docs/kernels.md, "A model of the
 tensor core's accumulation"): each FP32 operand split into big = TF32 rounded to nearest and
 small = the TF32 of the rest; per k-step of 8, three MMAs (small·big, big·small, big·big) into
 a fragment summed from zero over FLUSH k-steps, the fragment then added to the FP32 accumulator
@@ -13,14 +13,16 @@ with one round-to-nearest add. An MMA is modeled as the tensor core is described
 to ``--align-bits`` bits below the largest term's leading bit, summed exactly, the sum cut
 toward zero to FP32. ``--align-bits`` is the one fitted constant.
 
-Orders: ``current`` is the kernels' (each k-step's three MMAs in turn); ``small-first`` sums
-the cross terms of all FLUSH k-steps first, the big·big MMAs last, so that only those cut at
-the scale of the big sum (the same MMAs, registers and instructions).
+Orders: ``interleaved`` (tf32x3's, and wgmma's until it changed) runs each k-step's three MMAs
+in turn; ``small-first`` (wgmma's) sums the cross terms of all FLUSH k-steps first, the big·big
+MMAs last, so that only those cut at the scale of the big sum (the same MMAs and registers).
 
 The inputs are bench/accuracy.py's (``make_inputs``, M = N = 1024, seed 0); the model computes
 the top-left ``--block`` × ``--block`` outputs only, so its relative error is a sample of the
 whole matrix's. With ``--measured`` (an accuracy JSON whose rows hold ``wgmma``'s error on the
-same inputs) each row prints the measured error of the kernels' order beside the model's, and
+same inputs) each row of ``--measured-order`` (the order the measured kernel ran: small-first
+for wgmma's results since the change, interleaved for bench/data/accuracy-h200-interleaved.json,
+the H200 rows the constant was checked on) prints the measured error beside the model's, and
 each order's modeled error as a multiple of cuBLAS FP32's measured one: the prediction.
 JSON to ``bench/results/accumulation_model.json`` unless ``--out`` says otherwise.
 """
@@ -38,7 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "accumulation_model.json"
-ORDERS = ("current", "small-first")
+ORDERS = ("interleaved", "small-first")
 KSTEP = 8  # k per TF32 MMA
 TF32_DROP = np.uint32(0xFFFFE000)  # TF32 keeps 10 of FP32's 23 stored mantissa bits
 
@@ -89,7 +91,7 @@ def emulate(a: np.ndarray, b: np.ndarray, flush: int, order: str, align_bits: in
     for first in range(0, steps, flush):
         group = range(first, min(first + flush, steps))
         part = np.zeros(m * n, np.float32)
-        if order == "current":
+        if order == "interleaved":
             for s in group:
                 for x, y in ((a_small, b_big), (a_big, b_small), (a_big, b_big)):
                     part = mma(part, products(x, y, s), align_bits)
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measured", type=Path, default=None, metavar="JSON",
                         help="an accuracy JSON on the same inputs (bench/accuracy.py's)")
+    parser.add_argument("--measured-order", default="small-first", choices=ORDERS,
+                        help="the order wgmma summed in when --measured was measured "
+                             "(default small-first, its order now)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     accuracy = accuracy_bench()
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     if seen is not None:
                         row["cublas_measured"] = seen["cublas_fp32"]["relative"]
                         row["ratio_to_cublas"] = model / row["cublas_measured"]
-                        if order == "current" and seen["wgmma"]["config"].get("FLUSH") == flush:
+                        if order == args.measured_order and seen["wgmma"]["config"].get("FLUSH") == flush:
                             row["wgmma_measured"] = seen["wgmma"]["relative"]
                     rows.append(row)
                     print(f"{kind:14s} {k:6d} {flush:5d} {order:12s} {model:9.3g} "
@@ -186,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                       "inputs, top-left block of outputs) beside the measured errors",
               "align_bits": args.align_bits, "block": args.block, "seed": args.seed,
               "measured_from": str(args.measured) if args.measured else None,
+              "measured_order": args.measured_order if args.measured else None,
               "seconds": time.monotonic() - started, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

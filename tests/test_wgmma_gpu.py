@@ -54,16 +54,14 @@ def test_operands_at_4_byte_aligned_addresses_with_odd_leading_dims(cp, config, 
     assert relative_error(cp.asnumpy(dc), ref) < tolerance(k)
 
 
-# The bar wgmma meets today (at most 1.21x on these kinds); bench/accuracy.py's target, 1.0x on
-# every kind, is issue 60's and not met yet (docs/kernels.md, "Accuracy (bench/accuracy.py)").
-TWICE_CUBLAS = 2.0
-
-
+# Issue 60's bar: at or below cuBLAS FP32's error on every input kind of bench/accuracy.py, here
+# at K = 4096, where cuBLAS splits K and the interleaved sum order measured 1.21x on uniform inputs
+# (docs/kernels.md, "A model of the tensor core's accumulation"). Seed 7: not the bench's inputs.
 @pytest.mark.parametrize("asplit", [0, 1])
-@pytest.mark.parametrize("kind", ["uniform", "normal", "wide"])
-def test_error_at_most_twice_cublas_fp32(cp, kind, asplit):
+@pytest.mark.parametrize("kind", ["uniform", "normal", "wide", "wide-elements", "cancellation", "tiny", "huge"])
+def test_error_at_most_cublas_fp32s(cp, kind, asplit):
     accuracy = _accuracy()
     config = dict(FAMILY.starting_points[0], ASPLIT=asplit)
     row = accuracy.measure(kind, 1024, 1024, 4096, {"wgmma": config}, seed=7)
     r = accuracy.ratios(row, "wgmma")
-    assert max(r.values()) <= TWICE_CUBLAS, row
+    assert max(r.values()) <= accuracy.TARGET_RATIO, row

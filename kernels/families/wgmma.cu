@@ -24,7 +24,9 @@
 //
 // The tensor core truncates when it accumulates, so each consumer sums FLUSH k-steps (8 deep,
 // three MMAs each) from zero in the tensor core and adds them to FP32 accumulators with a
-// round-to-nearest FADD (the same cure as tf32x3's KGROUP).
+// round-to-nearest FADD (the same cure as tf32x3's KGROUP). Within a flush the cross-term MMAs
+// go first and the big products last, so that only the last FLUSH MMAs are cut at the big sum's
+// scale (docs/kernels.md, "A model of the tensor core's accumulation").
 #define BN (64 * MW * WGS)
 #define NT (128 * (WGS + 1))
 #define KATOMS (BK / 32)                       // 32-deep (128-byte) swizzle atoms per stage
@@ -299,8 +301,12 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                         // k-step s is 32 bytes further along the swizzled rows: +2 in 16-byte units.
                         wgmma_tf32<BM>(part[mw], rs[mw][s], d_big + 2 * s, s > f);
                         wgmma_tf32<BM>(part[mw], rb[mw][s], d_small + 2 * s, 1);
-                        wgmma_tf32<BM>(part[mw], rb[mw][s], d_big + 2 * s, 1);
                     }
+                // The big products last (see the top of this file).
+#pragma unroll
+                for (int s = f; s < f + FLUSH; ++s)
+#pragma unroll
+                    for (int mw = 0; mw < MW; ++mw) wgmma_tf32<BM>(part[mw], rb[mw][s], d_big + 2 * s, 1);
                 wgmma_commit();
                 wgmma_wait_all();
                 if (atom == KATOMS - 1 && f + FLUSH == 4) {  // this warp is done with the stage
