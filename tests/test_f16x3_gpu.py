@@ -149,14 +149,14 @@ def test_fp16_path_error_at_most_cublas_fp32s(cp, kind):
     assert ratios["relative"] <= 1.0 and ratios["componentwise"] <= 1.0, (kind, ratios, row)
 
 
-# The TF32 path (elements spanning 2^40 within rows) has wgmma's split and its component-wise
-# error: 0.83-1.20x cuBLAS FP32's over seeds 0-2 and 7 at K = 4096 and 16384 (wgmma 0.84-1.26x),
-# relative 0.85-0.93x; issue 60's 1.0x is not met there (docs/kernels.md, "f16x3: measured").
-TF32_PATH_COMPONENTWISE = 1.25
-
-
-def test_tf32_path_error_is_wgmmas(cp):
+@pytest.mark.parametrize("flush", [2, 4])
+@pytest.mark.parametrize("k", [4096, 16384])
+def test_tf32_path_error_at_most_cublas_fp32s(cp, k, flush):
+    """The TF32 path (elements spanning 2^40 within rows) sums as wgmma does, cross terms first,
+    with its flushes summed in blocks: at most cuBLAS FP32's error whatever FLUSH says (with the
+    cross terms over all of K, FLUSH = 2 and one running sum it measured 1.15-1.29x, FLUSH = 4
+    up to 1.20x component-wise; docs/kernels.md, "The range check and the TF32 path")."""
     accuracy = _accuracy()
-    row = accuracy.measure("wide-elements", 1024, 1024, 4096, {"f16x3": CONFIG}, seed=7)
+    row = accuracy.measure("wide-elements", 1024, 1024, k, {"f16x3": dict(CONFIG, FLUSH=flush)}, seed=7)
     ratios = accuracy.ratios(row, "f16x3")
-    assert ratios["relative"] <= 1.0 and ratios["componentwise"] <= TF32_PATH_COMPONENTWISE, (ratios, row)
+    assert ratios["relative"] <= 1.0 and ratios["componentwise"] <= 1.0, (ratios, row)

@@ -7,7 +7,8 @@
 // lo*lo term is below 2^-22 of the product. The hi*hi products go to a tensor-core partial that
 // is flushed into FP32 registers every FLUSH k-steps with a round-to-nearest add (the tensor
 // core truncates when it accumulates, as in wgmma); the correction terms, 2^11 smaller once
-// scaled back, have an accumulator of their own that runs over the whole of K.
+// scaled back, have an accumulator of their own that runs over the whole of K (the TF32 path
+// sums as wgmma does instead: consume, below).
 //
 // FP16 cannot hold a row whose elements span more than RANGE_LIMIT binades (the smallest would
 // lose bits of their low part). Where any row of A or column of B does, or holds an Inf or NaN,
@@ -278,12 +279,20 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], unsigned long long a, un
         wgmma_f16_ss<BN>(d, a, b, scale_d);
 }
 
-// A consumer warpgroup's main loop over its k-tiles: acc (FP32) += hi*hi per flush, corr
-// accumulates the cross terms over all of K on the tensor core.
+// A consumer warpgroup's main loop over its k-tiles. FP16 path: acc (FP32) += hi*hi per flush of
+// FLUSH k-steps, corr accumulates the cross terms over all of K on the tensor core. TF32 path:
+// wgmma's order -- per flush of 4 k-steps, the cross terms first, the big products last, all
+// into the flushed partial -- and the flushes summed in two levels, BLOCK_FLUSHES at a time in
+// corr (the epilogue adds the last block), then into acc: with the cross terms over all of K in
+// corr, FLUSH = 2 and one running sum it measured 1.15-1.29x cuBLAS FP32's error on wide-range
+// inputs (docs/kernels.md, "The range check and the TF32 path").
+#define BLOCK_FLUSHES 16
 template <bool TF32>
 __device__ __forceinline__ void consume(float (&acc)[MW][BN / 2], float (&corr)[MW][BN / 2], unsigned base,
                                         unsigned bars, int k_tiles, int c, int lane) {
+    constexpr int flush = TF32 ? 4 : FLUSH;
     float part[MW][BN / 2];
+    int flushes = 0;
     int stage = 0;
     unsigned phase = 0;
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -293,32 +302,54 @@ __device__ __forceinline__ void consume(float (&acc)[MW][BN / 2], float (&corr)[
         for (int atom = 0; atom < ATOMS; ++atom) {
             const unsigned a_hi = st + atom * A_ATOM_BYTES, a_lo = a_hi + ATOMS * A_ATOM_BYTES;
             const unsigned b_hi = st + 2 * ATOMS * A_ATOM_BYTES + atom * B_ATOM_BYTES, b_lo = b_hi + ATOMS * B_ATOM_BYTES;
+            const unsigned long long dbh = kmajor_sw128_desc(b_hi), dbl = kmajor_sw128_desc(b_lo);
 #pragma unroll
-            for (int f = 0; f < 4; f += FLUSH) {
+            for (int f = 0; f < 4; f += flush) {
                 wgmma_fence();
 #pragma unroll
-                for (int s = f; s < f + FLUSH; ++s)
+                for (int s = f; s < f + flush; ++s)
 #pragma unroll
                     for (int mw = 0; mw < MW; ++mw) {
                         const unsigned rows = (MW * c + mw) * 64 * 128;  // this tile's 64 rows of A
                         const unsigned long long dah = kmajor_sw128_desc(a_hi + rows) + 2 * s;
                         const unsigned long long dal = kmajor_sw128_desc(a_lo + rows) + 2 * s;
-                        const unsigned long long dbh = kmajor_sw128_desc(b_hi) + 2 * s;
-                        const unsigned long long dbl = kmajor_sw128_desc(b_lo) + 2 * s;
-                        mma<TF32>(part[mw], dah, dbh, s > f);
-                        mma<TF32>(corr[mw], dah, dbl, 1);
-                        mma<TF32>(corr[mw], dal, dbh, 1);
+                        if (TF32) {
+                            mma<TF32>(part[mw], dah, dbl + 2 * s, s > f);
+                            mma<TF32>(part[mw], dal, dbh + 2 * s, 1);
+                        } else {
+                            mma<TF32>(part[mw], dah, dbh + 2 * s, s > f);
+                            mma<TF32>(corr[mw], dah, dbl + 2 * s, 1);
+                            mma<TF32>(corr[mw], dal, dbh + 2 * s, 1);
+                        }
                     }
+                if (TF32) {
+#pragma unroll
+                    for (int s = f; s < f + flush; ++s)
+#pragma unroll
+                        for (int mw = 0; mw < MW; ++mw)
+                            mma<TF32>(part[mw], kmajor_sw128_desc(a_hi + (MW * c + mw) * 64 * 128) + 2 * s,
+                                      dbh + 2 * s, 1);
+                }
                 wgmma_commit();
                 wgmma_wait_all();
-                if (atom == ATOMS - 1 && f + FLUSH == 4) {  // this warp is done with the stage
+                if (atom == ATOMS - 1 && f + flush == 4) {  // this warp is done with the stage
                     __syncwarp();
                     if (lane == 0) mbar_arrive(bars + 8 * (STAGES + stage));
                 }
 #pragma unroll
                 for (int mw = 0; mw < MW; ++mw)
 #pragma unroll
-                    for (int j = 0; j < BN / 2; ++j) acc[mw][j] += part[mw][j];
+                    for (int j = 0; j < BN / 2; ++j) (TF32 ? corr : acc)[mw][j] += part[mw][j];
+                if (TF32 && ++flushes == BLOCK_FLUSHES) {
+                    flushes = 0;
+#pragma unroll
+                    for (int mw = 0; mw < MW; ++mw)
+#pragma unroll
+                        for (int j = 0; j < BN / 2; ++j) {
+                            acc[mw][j] += corr[mw][j];
+                            corr[mw][j] = 0.0f;
+                        }
+                }
             }
         }
         if (++stage == STAGES) {

@@ -73,7 +73,8 @@ class F16x3(HopperFamily):
         Param("BN", (64, 96, 128), "columns of C per block (the wgmma N extent)"),
         Param("ATOMS", (1, 2), "128-byte rows per tile row and stage: 64 k each on the FP16 path, 32 on TF32"),
         STAGES,
-        Param("FLUSH", (2, 4), "k-steps (16 deep on FP16, 8 on TF32) summed on the tensor core before each FP32 add",
+        Param("FLUSH", (2, 4), "FP16 path: k-steps (16 deep) summed on the tensor core before each FP32 add "
+              "(the TF32 path flushes every 4 k-steps of 8, as wgmma)",
               sums=True),
         SPLITK,
         RASTER,
