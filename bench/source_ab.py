@@ -1,10 +1,11 @@
 """Two versions of the kernel sources, the same configs, one GPU, one run (GPU host).
 
-    python bench/source_ab.py --before DIR [--pack FILE] [--passes 2] [--gpu 0] [--out FILE]
+    python bench/source_ab.py --before DIR [--pack FILE] [--family F ...] [--passes 2] [--gpu 0] [--out FILE]
 
 DIR is a checkout of the older tree (e.g. `git archive <rev> | tar -x -C DIR`). Every distinct
 (family, config, shape) of the pack (default: the committed examples/pack-h100-h200.json, the
-tuned bests of two GPU models) is compiled and measured by each tree's own `kernels` and
+tuned bests of two GPU models; or a speed-suite result, bench/speed.py's JSON, whose rows are
+its winners), of the --family families where given, is compiled and measured by each tree's own `kernels` and
 `tuner.measure.gpu` (verified against float64, then timed: warm-up, CUDA events, median, rotated
 inputs, SM clock), in child processes run in the order before, after, before, after, …; each
 side keeps its fastest pass. Prints after/before per config and their geometric mean, and where
@@ -29,10 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACK = ROOT / "examples" / "pack-h100-h200.json"
 
 
-def items(pack_path: Path) -> list[dict[str, Any]]:
-    """The pack's distinct (family, config, shape), in shape order (one problem set-up each)."""
+def items(pack_path: Path, families: list[str] | None = None) -> list[dict[str, Any]]:
+    """The distinct (family, config, shape) of a pack's entries or a speed suite's rows (of
+    `families` only, where given), in shape order (one problem set-up each)."""
+    data = json.loads(pack_path.read_text())
+    listed = data.get("entries", data.get("rows"))
+    if not isinstance(listed, list):
+        raise ValueError(f"{pack_path}: neither a pack (entries) nor a speed-suite result (rows)")
     seen: dict[str, dict[str, Any]] = {}
-    for e in json.loads(pack_path.read_text())["entries"]:
+    for e in listed:
+        if families and e["family"] not in families:
+            continue
         item = {"family": e["family"], "config": e["config"], "shape": [e["m"], e["n"], e["k"]]}
         seen.setdefault(json.dumps(item, sort_keys=True), item)
     return sorted(seen.values(), key=lambda i: (i["shape"], i["family"], sorted(i["config"].items())))
@@ -70,12 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, metavar="DIR", help="checkout of the older tree")
     ap.add_argument("--pack", type=Path, default=PACK, metavar="FILE", help=f"configs and shapes (default {PACK.name})")
+    ap.add_argument("--family", action="append", default=[], metavar="F",
+                    help="only these families' entries (repeat; default: all)")
     ap.add_argument("--passes", type=int, default=2, metavar="N", help="passes per tree, interleaved (default 2)")
     ap.add_argument("--gpu", type=int, default=0, metavar="INDEX")
     ap.add_argument("--out", type=Path, default=None, metavar="FILE")
     ap.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # a tree to measure with
     args = ap.parse_args(argv)
-    todo = items(args.pack)
+    try:
+        todo = items(args.pack, args.family)
+    except (OSError, ValueError, KeyError) as error:
+        ap.error(f"--pack {args.pack}: {error}")
+    if not todo:
+        ap.error(f"--pack {args.pack} has no entries" + (f" of {', '.join(args.family)}" if args.family else ""))
     if args.child is not None:
         print(json.dumps(measure(args.child, todo, args.gpu)))
         return 0
@@ -87,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in range(args.passes):
         for side, tree in trees.items():
             done = subprocess.run([sys.executable, __file__, "--child", str(tree), "--pack", str(args.pack),
-                                   "--gpu", str(args.gpu), "--before", str(args.before)],
+                                   "--gpu", str(args.gpu), "--before", str(args.before)]
+                                  + [f"--family={f}" for f in args.family],
                                   capture_output=True, text=True, env={**env, "PYTHONPATH": _site()})
             if done.returncode:
                 sys.stderr.write(done.stderr)
@@ -116,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({
             "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "passes": args.passes,
-            "before": str(args.before), "pack": str(args.pack), "geomean_ratio": geo, "rows": rows, "best_per_shape": bests,
+            "before": str(args.before), "pack": str(args.pack), "families": args.family or None, "geomean_ratio": geo,
+            "rows": rows, "best_per_shape": bests,
             "runs": runs}, indent=1) + "\n")
     return 0
 
