@@ -119,6 +119,12 @@ def errors(out: Any, ref: Any, absprod: Any) -> dict[str, float]:
     return {"relative": rel, "componentwise": comp}
 
 
+def source_hashes(configs: dict[str, dict[str, int]], families: dict[str, kernels.Family]) -> dict[str, str]:
+    """Each measured config's kernel source version (its family's source hash), by its label
+    ("family" or a variant's "family PARAM=V"): what a result file's errors belong to."""
+    return {label: families[label.split()[0]].source_hash for label in configs}
+
+
 def measure(kind: str, m: int, n: int, k: int, configs: dict[str, dict[str, int]], seed: int = 0,
             device: int = 0) -> dict[str, Any]:
     """Errors of cuBLAS FP32 and each family (with its config) on one problem of one input kind."""
@@ -223,6 +229,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"gpu": gpu, "date": datetime.now(timezone.utc).isoformat(), "size": args.size,
                                "kinds": {kind: KINDS[kind] for kind in (args.kind or KINDS)}, "configs": configs,
+                               "source_hashes": source_hashes(configs, families),
                                "target_ratio": TARGET_RATIO, "met": not missed, "missed": missed, "rows": rows},
                               indent=1))
     print(f"wrote {out}")

@@ -121,3 +121,13 @@ def test_summation_parameters_are_parameters_and_every_split_k_is_one():
         assert set(family.summation_params) <= names, family.name
         if "SPLITK" in names:  # slices of K summed apart: always a change of order
             assert "SPLITK" in family.summation_params, family.name
+
+
+def test_the_json_names_each_measured_configs_source_version(accuracy):
+    families = accuracy.fp32_families("sm_90", ["wgmma", "f16x3"])
+    configs = {name: f.first_config("sm_90") for name, f in families.items()}
+    configs.update(accuracy.variants(families["f16x3"], configs["f16x3"], "sm_90"))
+    hashes = accuracy.source_hashes(configs, families)
+    assert set(hashes) == set(configs) and "f16x3 FLUSH=2" in hashes
+    assert hashes["f16x3 FLUSH=2"] == hashes["f16x3"] == families["f16x3"].source_hash
+    assert hashes["wgmma"] == families["wgmma"].source_hash != hashes["f16x3"]
