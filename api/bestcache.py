@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 import db
+from gemmtune.precision import runnable_on
 
 MEMO_MAX = 50_000  # answers remembered per snapshot (a query mix with random shapes stays bounded)
 DEFAULT_KIND = ("fp32", True)  # the dtype and alpha/beta kind /api/best asks for
@@ -36,6 +37,8 @@ class _Problem:
 
 class Snapshot:
     """Immutable index over one best_table(): per board, per problem, rows fastest first."""
+
+    ASK_DATABASE = object()  # best()'s answer where only the database can say (see there)
 
     def __init__(self, marker: tuple[int, ...], rows: list[db.BestResult], gpus: list[db.Gpu]) -> None:
         self.marker = marker
@@ -61,14 +64,16 @@ class Snapshot:
 
     def best(self, gpu: str, m: int, n: int, k: int, family: str | None, nearest: bool,
              families: Collection[str] | None, source_hashes: Collection[str] | None = None,
-             layout: str = "nn", batch: int = 1) -> db.BestResult | None:
+             layout: str = "nn", batch: int = 1, arch: str | None = None) -> db.BestResult | None | object:
         """As db.Database.best(gpu, m, n, k, family, nearest, families=…, source_hashes=…,
-        layout=…, batch=…); the gpu must be known."""
+        layout=…, batch=…, accept=runnable_on(arch)); the gpu must be known. ASK_DATABASE where a
+        row the answer would weigh is refused on `arch`: the snapshot holds only the fastest
+        config per family version and problem, so the next one down is the database's to find."""
         key = (gpu.strip().lower(), m, n, k, family, nearest, None if families is None else frozenset(families),
-               None if source_hashes is None else frozenset(h.lower() for h in source_hashes), layout, batch)
+               None if source_hashes is None else frozenset(h.lower() for h in source_hashes), layout, batch, arch)
         if key in self._memo:
             return self._memo[key]
-        found = self._best(key[0], (m, n, k), family, nearest, key[6], key[7], layout, batch)
+        found = self._best(key[0], (m, n, k), family, nearest, key[6], key[7], layout, batch, arch)
         if len(self._memo) >= MEMO_MAX:
             self._memo.clear()
         self._memo[key] = found
@@ -76,7 +81,9 @@ class Snapshot:
 
     def _best(self, gpu_key: str, requested: tuple[int, int, int], family: str | None, nearest: bool,
               families: frozenset[str] | None, hashes: frozenset[str] | None, layout: str = "nn",
-              batch: int = 1) -> db.BestResult | None:
+              batch: int = 1, arch: str | None = None) -> db.BestResult | None | object:
+        runs = runnable_on(arch)
+
         def allowed(r: db.BestResult) -> bool:
             return ((family is None or r.family == family) and (families is None or r.family in families)
                     and (hashes is None or r.source_hash in hashes))
@@ -91,9 +98,12 @@ class Snapshot:
         def fastest(rows: list[db.BestResult]) -> db.BestResult:
             return min(rows, key=lambda r: (-r.gflops, r.trial_id))
 
-        exact = [p for p in by_problem if p.shape == requested and p.batch == batch]
+        def refused(rows: list[db.BestResult]) -> bool:  # then a slower config may be the answer
+            return runs is not None and any(not runs(r.family, r.params) for r in rows)
+
+        exact = [r for p in by_problem if p.shape == requested and p.batch == batch for r in by_problem[p]]
         if exact:
-            return replace(fastest([r for p in exact for r in by_problem[p]]), requested=requested)
+            return self.ASK_DATABASE if refused(exact) else replace(fastest(exact), requested=requested)
         if not nearest or not by_problem:
             return None
         sizes = (*requested, batch)
@@ -101,6 +111,8 @@ class Snapshot:
                                                    p.batch * p.shape[0] * p.shape[1] * p.shape[2],
                                                    p.shape[0], p.shape[1], p.id))
         closest = ranked[0]
+        if refused(by_problem[closest]):
+            return self.ASK_DATABASE
         return replace(fastest(by_problem[closest]), match="nearest", requested=requested,
                        distance=db.log2_distance(closest.sizes, sizes))
 

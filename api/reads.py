@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import db
 import kernels
-from gemmtune.precision import allowed_families
+from gemmtune.precision import allowed_families, runnable_on
 
 from . import schemas as s
 from .bestcache import Snapshot
@@ -201,23 +201,28 @@ class Reads:
 
     def best_from(self, snap: Snapshot | None, gpu: str, m: int, n: int, k: int, kernel: str | None,
                   nearest: bool = True, precision: str = "fp32",
-                  source_hashes: list[str] | None = None, layout: str = "nn", batch: int = 1) -> s.BestOut | None:
+                  source_hashes: list[str] | None = None, layout: str = "nn", batch: int = 1,
+                  arch: str | None = None) -> s.BestOut | None:
         """The answer from a snapshot, or None when it needs the database (a GPU or a family name
-        the snapshot does not know: answered, or refused, by `best`)."""
+        the snapshot does not know: answered, or refused, by `best`; with `arch`, a config the
+        snapshot holds that the family refuses there, since the snapshot keeps only the fastest
+        config per family version and problem)."""
         if snap is None or not snap.gpu_ids(gpu) or (kernel is not None and kernel not in kernels.FAMILIES):
             return None
         families = self.precision_families(precision, kernel)
-        found = snap.best(gpu, m, n, k, kernel, nearest, families, source_hashes, layout, batch)
+        found = snap.best(gpu, m, n, k, kernel, nearest, families, source_hashes, layout, batch, arch)
+        if found is Snapshot.ASK_DATABASE:
+            return None
         return self._best_out(found, snap.first_gpu_name(gpu), m, n, k, kernel, layout, batch)
 
     def best(self, gpu: str, m: int, n: int, k: int, kernel: str | None, nearest: bool = True,
              precision: str = "fp32", source_hashes: list[str] | None = None, layout: str = "nn",
-             batch: int = 1) -> s.BestOut:
+             batch: int = 1, arch: str | None = None) -> s.BestOut:
         family = self.check_kernel(kernel) if kernel is not None else None
         families = self.precision_families(precision, family)
         try:
             found = self.db.best(gpu, m, n, k, family=family, nearest=nearest, families=families,
-                                 source_hashes=source_hashes, layout=layout, batch=batch)
+                                 source_hashes=source_hashes, layout=layout, batch=batch, accept=runnable_on(arch))
         except db.UnknownGpuError:
             raise self.unknown_gpu(gpu) from None
         return self._best_out(found, None if found else self.resolve_gpu(gpu)[0].name, m, n, k, family, layout,

@@ -57,6 +57,7 @@ WRITE_ERRORS = {
 # Names may be looked up in PostgreSQL, which refuses NUL; no real name holds control characters.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 HASH_PATTERN = r"^[0-9a-fA-F]{64}$"
+ARCH_PATTERN = r"^sm_[0-9]{2,3}a?$"
 DIM_DOC = f"positive integer, at most {MAX_DIM} (1<<20)"
 ID_MAX = 2**63 - 1  # SQL BIGINT; larger ids cannot exist and would overflow the driver
 
@@ -116,6 +117,10 @@ async def best(
         max_length=100, description="Only results of these family versions (sha256 of the family's CUDA source, "
         "repeatable): gemmtune.matmul sends the versions it has installed.")] = None,
     fallback_gpu: Annotated[str | None, Query(min_length=1, max_length=200, pattern=NAME_PATTERN, description=FALLBACK_DOC)] = None,
+    arch: Annotated[str | None, Query(pattern=ARCH_PATTERN, description=(
+        "Only configs this server's families accept on this architecture (e.g. sm_90; "
+        "gemmtune.matmul sends its device's): the best runnable one, not a faster stored config "
+        "that a narrowed parameter space now refuses."))] = None,
     tune: Annotated[bool, Query(description="On a miss, queue a tuning job (needs the write token).")] = False,
     authorization: Annotated[str | None, Header(description="`Bearer <GEMMTUNE_API_TOKEN>`, for tune=true")] = None,
 ) -> s.BestOut:
@@ -129,10 +134,10 @@ async def best(
     if fallback_gpu is not None and not (snap is not None and snap.gpu_ids(gpu)) \
             and not await run_in_threadpool(r.db.find_gpus, gpu):
         gpu = fallback_gpu  # never seen: answer from the GPU the caller named, and say so below
-    found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes, layout.value, batch)
+    found = r.best_from(snap, gpu, m, n, k, kernel, nearest, precision.value, hashes, layout.value, batch, arch)
     if found is None:
         found = await run_in_threadpool(r.best, gpu, m, n, k, kernel, nearest, precision.value, hashes, layout.value,
-                                        batch)
+                                        batch, arch)
     elif fallback_gpu is None:
         request.scope[FROM_SNAPSHOT] = True  # the same query may be answered with these bytes (BestResponses)
     if gpu is not asked:

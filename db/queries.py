@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Select, func, select
@@ -67,7 +67,8 @@ class Queries(DatabaseCore):
              nearest: bool = True, *, source_hash: str | None = None,
              families: Collection[str] | None = None, source_hashes: Collection[str] | None = None,
              dtype: str = "fp32", layout: str = "nn",
-             general_alpha_beta: bool = True, batch: int = 1) -> BestResult | None:
+             general_alpha_beta: bool = True, batch: int = 1,
+             accept: Callable[[str, Mapping[str, int]], bool] | None = None) -> BestResult | None:
         """The fastest verified config for (gpu, problem), optionally of one family.
 
         gpu is a name or UUID (any case); a name covers every GPU of that name. Only trials in
@@ -76,6 +77,9 @@ class Queries(DatabaseCore):
         counts as a fourth size), with match="nearest".
         None when nothing qualifies; an unknown gpu raises UnknownGpuError. `families` and
         `source_hashes` restrict to sets of family names / versions (both for exact and nearest).
+        `accept(family, params)`, where given, passes over the configs a caller cannot run (a
+        value its installed family no longer offers): the answer is the fastest accepted one,
+        and a problem with none accepted counts as not tuned.
         """
         requested = validate.shape(m, n, k)
         validate.batch(batch)
@@ -87,10 +91,8 @@ class Queries(DatabaseCore):
                 ProblemRow.dtype == dtype, ProblemRow.layout == layout,
                 ProblemRow.general_alpha_beta == general_alpha_beta,
             )
-            exact = session.execute(
-                query.where(ProblemRow.m == m, ProblemRow.n == n, ProblemRow.k == k,
-                            ProblemRow.batch == batch).limit(1)
-            ).first()
+            exact = _first_accepted(session, query.where(ProblemRow.m == m, ProblemRow.n == n, ProblemRow.k == k,
+                                                         ProblemRow.batch == batch), accept)
             if exact is not None:
                 return _best_result(session, exact, requested, "exact", 0.0)
             if not nearest:
@@ -98,11 +100,11 @@ class Queries(DatabaseCore):
             candidates = self._tuned_problems(session, gpu_ids, requested, family, source_hash,
                                               dtype, layout, general_alpha_beta, families,
                                               source_hashes, batch)
-            if not candidates:
-                return None
-            closest = candidates[0]
-            row = session.execute(query.where(ProblemRow.id == closest.problem.id).limit(1)).one()
-            return _best_result(session, row, requested, "nearest", closest.distance)
+            for closest in candidates:  # nearest first
+                row = _first_accepted(session, query.where(ProblemRow.id == closest.problem.id), accept)
+                if row is not None:
+                    return _best_result(session, row, requested, "nearest", closest.distance)
+            return None
 
     def top_k(self, gpu: str, m: int, n: int, k: int, *, family: str | None = None,
               families: Collection[str] | None = None,
@@ -236,6 +238,19 @@ def _latest_baseline(session: Session, gpu_id: int, problem_id: int,
         .order_by(BaselineRow.measured_at.desc(), BaselineRow.id.desc())
         .limit(1)
     )
+
+
+def _first_accepted(session: Session, query: Select[Any],
+                    accept: Callable[[str, Mapping[str, int]], bool] | None) -> Any:
+    """The first row of a fastest-first query whose (family, params) `accept` takes (the first
+    row where accept is None), or None."""
+    if accept is None:
+        return session.execute(query.limit(1)).first()
+    for row in session.execute(query):
+        trial, _, _, _, family = row
+        if accept(family.name, dict(trial.params)):
+            return row
+    return None
 
 
 def _best_result(session: Session, row: Any, requested: tuple[int, int, int],

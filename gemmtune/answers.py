@@ -43,4 +43,6 @@ class Source(Protocol):
     label: str  # how explain() names it (passwords hidden)
 
     def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
-               batch: int = 1) -> Answer: ...
+               batch: int = 1, arch: str | None = None) -> Answer:
+        """The best config for the request; with `arch`, the best that the installed family
+        accepts on that architecture (precision.runnable_on), not a faster one it would refuse."""

@@ -16,7 +16,7 @@ import kernels
 from kernels.layout import problem_label
 
 from .answers import Answer, Source, SourceUnavailable
-from .precision import check_precision
+from .precision import check_precision, refusal
 from .sources import default_spec, open_source
 
 RETRY_UNAVAILABLE_S = 60.0  # an unreachable source is asked again after this long, not per call
@@ -82,16 +82,11 @@ def decide(answer: Answer, *, gpu: str, requested: tuple[int, int, int], precisi
     if e.cublas_gflops is not None and e.cublas_gflops > e.gflops:
         return Choice("library", f"cuBLAS measured {e.cublas_gflops:.0f} GFLOP/s on {e.shape}, faster than the best "
                                  f"tuned kernel ({e.family}, {e.gflops:.0f} GFLOP/s)", **base, **found)
-    fam = kernels.FAMILIES.get(e.family)
-    if fam is None:
-        return Choice("library", f"family {e.family!r} is not installed", **base, **found)
-    try:
-        refused = fam.reject_reasons(e.config, arch)
-    except kernels.ConfigError as exc:
-        refused = [str(exc)]
-    if refused:
-        return Choice("library", f"{e.family} refuses the stored config on {arch}: {'; '.join(refused)}",
-                      **base, **found)
+    refused = refusal(e.family, e.config, arch)  # a source given the arch has passed over these already
+    if refused is not None:
+        why = refused if e.family not in kernels.FAMILIES else f"{e.family} refuses the stored config on {arch}: {refused}"
+        return Choice("library", why, **base, **found)
+    fam = kernels.FAMILIES[e.family]
     why = "tuned on this shape" if e.match == "exact" else f"nearest tuned shape (log2 distance {e.distance:.2f})"
     return Choice("kernel", why, **base, **found, kernel_family=fam)
 
@@ -162,7 +157,7 @@ class Dispatcher:
         _, src = self.source(source)
         label = getattr(src, "label", repr(src))
         try:
-            answer = src.lookup(gpu, *requested, precision, layout, batch)
+            answer = src.lookup(gpu, *requested, precision, layout, batch, arch)
         except SourceUnavailable as exc:
             if strict:
                 raise

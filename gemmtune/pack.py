@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import db
+import kernels
 from kernels.layout import LAYOUTS
 
 from .answers import Answer, Entry, SourceUnavailable
-from .precision import allowed_families, check_precision, installed_hashes
+from .precision import allowed_families, check_precision, installed_hashes, runnable_on
 
 FORMAT = "gemmtune-pack"
 VERSION = 1
@@ -48,13 +49,16 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
     """The pack of everything in the database (or the named GPU models only).
 
     installed_only: keep only results of the family versions installed here (a pack is for
-    running, and a reader skips other versions anyway); False keeps every version.
+    running, and a reader skips other versions anyway), and of those the configs the installed
+    family accepts on the board's architecture (the fastest accepted one where a narrowed
+    parameter space refuses the fastest); False keeps every version and config.
     """
     families = allowed_families(check_precision(precision))
     hashes = {name: f.source_hash for name, f in families.items()}  # hashing reads the sources: once
     wanted = None if gpus is None else {g.strip().lower() for g in gpus}
+    archs = {g.uuid: kernels.arch_of(g.compute_capability) for g in database.list_gpus()}
     best: dict[tuple[str, int, int, int, str, int, str], db.BestResult] = {}
-    for r in database.best_table():  # fastest first, so the first row per key wins
+    for r in database.best_table():  # the fastest config per board, problem and family version
         fam = families.get(r.family)
         if fam is None or (installed_only and r.source_hash != hashes[r.family]):
             continue
@@ -63,7 +67,15 @@ def build_pack(database: db.Database, *, gpus: Iterable[str] | None = None, prec
         p = r.problem
         if (p.dtype, p.general_alpha_beta) != ("fp32", True):
             continue
-        best.setdefault((r.gpu_name, p.m, p.n, p.k, p.layout, p.batch, fam.precision), r)
+        runs = runnable_on(archs[r.gpu_uuid]) if installed_only else None
+        if runs is not None and not runs(r.family, r.params):
+            r = database.best(r.gpu_uuid, p.m, p.n, p.k, family=r.family, nearest=False, source_hash=r.source_hash,
+                              layout=p.layout, batch=p.batch, accept=runs)
+            if r is None:
+                continue
+        key = (r.gpu_name, p.m, p.n, p.k, p.layout, p.batch, fam.precision)
+        if key not in best or (r.gflops, -r.trial_id) > (best[key].gflops, -best[key].trial_id):
+            best[key] = r
     entries = [_entry(key[-1], r) for key, r in sorted(best.items(), key=lambda kv: kv[0])]
     boards = {e["gpu_uuid"] for e in entries}
     gpus = {g.uuid: {f.name: getattr(g, f.name) for f in dataclasses.fields(db.GpuInfo)}
@@ -195,16 +207,19 @@ class PackSource:
         return kept
 
     def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
-               batch: int = 1) -> Answer:
+               batch: int = 1, arch: str | None = None) -> Answer:
         families = allowed_families(precision)
+        runs = runnable_on(arch)
         key = gpu.strip().lower()
         mine = [e for e in self.entries() if e["gpu"].lower() == key]
         if not mine:
             return Answer(None, f"GPU model {gpu!r} is not in pack {self.label}")
         # The installed family's declared class decides, not the label in the file.
-        ok = [e for e in mine if e["family"] in families and e.get("layout", "nn") == layout]
+        ok = [e for e in mine if e["family"] in families and e.get("layout", "nn") == layout
+              and (runs is None or runs(e["family"], e["config"]))]
         if not ok:
-            return Answer(None, f"pack {self.label} has no {precision} entries for {gpu} in layout {layout}")
+            return Answer(None, f"pack {self.label} has no {precision} entries for {gpu} in layout {layout}"
+                                + (f" that run on {arch}" if arch else ""))
 
         def sizes(e: dict[str, Any]) -> tuple[int, int, int, int]:
             return e["m"], e["n"], e["k"], e.get("batch", 1)

@@ -1,8 +1,10 @@
-"""Which kernel families a requested precision admits (kernels.PRECISIONS, Family.precision)."""
+"""Which kernel families a requested precision admits (kernels.PRECISIONS, Family.precision), and
+which stored configs this installation can run on a GPU architecture."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 
 import kernels
 
@@ -27,3 +29,24 @@ def allowed_families(precision: str) -> dict[str, kernels.Family]:
 def installed_hashes(precision: str) -> dict[str, str]:
     """source_hash → family name of the installed families the precision admits."""
     return {f.source_hash: name for name, f in allowed_families(precision).items()}
+
+
+def refusal(family: str, config: Mapping[str, int], arch: str) -> str | None:
+    """Why the installed family cannot run a stored config on `arch` (a value it no longer
+    offers, a constraint, the architecture), or None where it can."""
+    fam = kernels.FAMILIES.get(family)
+    if fam is None:
+        return f"family {family!r} is not installed"
+    try:
+        reasons = fam.reject_reasons(dict(config), arch)
+    except kernels.ConfigError as exc:
+        reasons = [str(exc)]
+    return "; ".join(reasons) or None
+
+
+def runnable_on(arch: str | None) -> Callable[[str, Mapping[str, int]], bool] | None:
+    """A (family, config) filter for the sources: the configs this installation runs on `arch`
+    (None where the architecture is not known: every config)."""
+    if arch is None:
+        return None
+    return lambda family, config: refusal(family, config, arch) is None

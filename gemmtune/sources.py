@@ -29,7 +29,7 @@ import db
 from kernels.layout import problem_label
 
 from .answers import Answer, Entry, Source, SourceUnavailable
-from .precision import allowed_families, installed_hashes
+from .precision import allowed_families, installed_hashes, runnable_on
 
 SOURCE_ENV = "GEMMTUNE_SOURCE"
 TOKEN_ENV = "GEMMTUNE_API_TOKEN"
@@ -97,14 +97,14 @@ class DatabaseSource:
             return self._db
 
     def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
-               batch: int = 1) -> Answer:
+               batch: int = 1, arch: str | None = None) -> Answer:
         if self._missing_file:
             return Answer(None, f"the results database {self.label} does not exist (nothing tuned yet)")
         database = self._open()
         hashes = installed_hashes(precision)
         try:
             found = database.best(gpu, m, n, k, families=list(allowed_families(precision)),
-                                  source_hashes=list(hashes), layout=layout, batch=batch)
+                                  source_hashes=list(hashes), layout=layout, batch=batch, accept=runnable_on(arch))
         except db.UnknownGpuError:
             return Answer(None, f"GPU model {gpu!r} was never tuned in {self.label}")
         except db.InvalidInputError:
@@ -113,7 +113,7 @@ class DatabaseSource:
             raise SourceUnavailable(f"cannot read the results database {self.label}: {exc}") from exc
         if found is None:
             return Answer(None, f"nothing tuned on {gpu} in layout {layout} with the installed {precision} kernels "
-                                f"in {self.label}")
+                                f"{'that run on ' + arch + ' ' if arch else ''}in {self.label}")
         p = found.problem
         return Answer(Entry(
             match=found.match, shape=(p.m, p.n, p.k), distance=found.distance, gpu=found.gpu_name,
@@ -166,10 +166,11 @@ class HttpSource:
             raise SourceUnavailable(f"cannot reach the gemmtune API at {self.label}: {exc}") from exc
 
     def lookup(self, gpu: str, m: int, n: int, k: int, precision: str, layout: str = "nn",
-               batch: int = 1) -> Answer:
+               batch: int = 1, arch: str | None = None) -> Answer:
         query = urllib.parse.urlencode([("gpu", gpu), ("m", m), ("n", n), ("k", k), ("precision", precision),
                                         ("layout", layout), ("batch", batch)]
-                                       + [("source_hash", h) for h in sorted(installed_hashes(precision))])
+                                       + [("source_hash", h) for h in sorted(installed_hashes(precision))]
+                                       + ([("arch", arch)] if arch else []))
         status, out = self._request("GET", f"/api/best?{query}")
         if status == 404:
             return Answer(None, f"GPU model {gpu!r} is unknown to the API at {self.label}")

@@ -6,7 +6,7 @@ import threading
 from typing import Any, Sequence
 
 from kernels.layout import check_batch, stored_shapes
-from kernels.space import Config, Family, Launch, TensorMap, div_up
+from kernels.space import Config, Family, Launch, TensorMap, arch_of, div_up
 
 # Errors after which the context is unusable; the process must be replaced.
 STICKY_ERRORS = {
@@ -64,7 +64,7 @@ def device_arch(device: int = 0) -> str:
         attr = driver.CUdevice_attribute
         major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "attr")
         minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "attr")
-        _ARCHS[device] = f"sm_{major}{minor}"
+        _ARCHS[device] = arch_of(f"{major}.{minor}")
     return _ARCHS[device]
 
 

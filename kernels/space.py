@@ -30,6 +30,14 @@ KERNEL_SIGNATURE = (
 MAX_SHARED_PER_BLOCK = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024}
 
 
+def arch_of(compute_capability: str) -> str:
+    """The architecture name of a compute capability as the driver reports it: "9.0" -> "sm_90"."""
+    major, _, minor = str(compute_capability).partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"compute capability must look like '9.0', got {compute_capability!r}")
+    return f"sm_{major}{minor}"
+
+
 _ACCEPTED: dict[tuple[type, str], list[dict[str, int]]] = {}
 
 # Arithmetic classes (Family.precision) and, per precision a caller may ask for
