@@ -70,7 +70,8 @@ from unittest import mock
 
 from tuner.lifetime import kill_pool
 from tuner.measure.live import BACKEND_ENV, QUEUE_DEPTH, default_workers
-from tuner.measure.phases import BACKGROUND_PHASES, MAIN_PHASES, SETUP, STARTUP_WAIT, Phases
+from tuner.measure.phases import (BACKGROUND_PHASES, MAIN_PHASES, SETUP, START_PARTS, STARTUP_WAIT, STUDY_PARTS,
+                                  Phases)
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_EVERY_S = 0.1
@@ -370,6 +371,10 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
         "configs_per_s": phases.trials / tuning_s if tuning_s else 0.0,
         "phases": rows, "background_phases": background, "child_phases": child,
         "gpu_round_trip_per_answer_s": phases.round_trip_s / max(1, phases.answers),
+        # where the one-time start and the studies' set-ups went (their parts, wherever they ran:
+        # a study built while the one before drains adds its set-up from inside that loop)
+        "start_parts": {name: phases.seconds.get(name, 0.0) for name in (*START_PARTS, SETUP)},
+        "study_start_parts": {name: phases.seconds.get(name, 0.0) for name in STUDY_PARTS},
         "gpu_busy": {
             "kernel_time_s": phases.kernel_s,
             "kernel_time_share": phases.kernel_s / (tuning_s * gpus) if tuning_s else 0.0,
@@ -387,6 +392,10 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"\nwall {result['wall_s']:.1f} s = one-time start {result['start_s']:.1f} s "
           f"(processes and imports, inputs + reference, cuBLAS) + tuning {result['tuning_s']:.1f} s "
           f"(study loops {result['loop_s']:.1f} s)")
+    start, study = result.get("start_parts", {}), result.get("study_start_parts", {})
+    if start:
+        print("one-time start: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in start.items())
+              + "; studies' set-up parts: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in study.items()))
     print(f"{result['trials']} configs recorded ({result['gpu_answers']} measured on the GPU): "
           f"{result['configs_per_s']:.2f} configs/s = {60 * result['configs_per_s']:.0f}/min")
     print(f"\n{'main thread':<14}{'total s':>10}{'share':>9}{'per trial ms':>14}")

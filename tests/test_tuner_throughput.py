@@ -173,6 +173,13 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     (study,) = result["studies"]
     assert study["family"] == "naive" and study["answers"] == result["gpu_answers"]
     assert 0 < study["host_cpu_share"] <= 1
+    # where the start went: its parts are the command's start (the child's start beside them)
+    start = result["start_parts"]
+    assert set(start) == {"start_imports", "start_wait", "setup"} and start["start_imports"] > 0
+    assert sum(start.values()) <= result["start_s"] + 1e-6
+    assert set(result["study_start_parts"]) == {"startup_wait", "study_storage", "study_model", "study_prior"}
+    assert result["study_start_parts"]["study_storage"] > 0  # the run record, at least
+    assert "one-time start: start_imports" in done.stdout
 
 
 def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):

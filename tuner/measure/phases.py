@@ -38,6 +38,15 @@ BACKGROUND_PHASES = (STORE_BG, STARTUP_BG)
 # built: already inside ``other`` (a study built while the one before drains) or the study
 # start, so reported beside the rows, not as one.
 STARTUP_WAIT = "startup_wait"
+# Outside the study loops, where the command's one-time start and each study's set-up go
+# (bench/throughput.py prints them as parts of the start and of the study starts).
+START_IMPORTS = "start_imports"  # the search's and stores' imports, the bundled recordings, the model's library
+START_WAIT = "start_wait"        # then waiting for the GPU child (CUDA, cuBLAS) and the compile processes
+STUDY_STORAGE = "study_storage"  # a study's shared history, warm start and run record (the databases)
+STUDY_MODEL = "study_model"      # the model's examples and fit, where not made ahead
+STUDY_PRIOR = "study_prior"      # the static prior's ranking (its compiles), where not made ahead
+START_PARTS = (START_IMPORTS, START_WAIT)
+STUDY_PARTS = (STARTUP_WAIT, STUDY_STORAGE, STUDY_MODEL, STUDY_PRIOR)
 # Phases whose (start, end) are kept too: a GPU-busy share leaves the one-time setup out; a
 # start-up's wait is charged to the study whose span holds it.
 SPANNED = (SETUP, STARTUP_WAIT)

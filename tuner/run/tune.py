@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.lifetime import StopRequest
-from tuner.measure.phases import Phases
+from tuner.measure.phases import START_IMPORTS, START_WAIT, Phases
 from tuner.report import configure_logging
 from tuner.run.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions)
@@ -154,14 +154,16 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
     process = None
     try:
         process = preparer.start()
-        import tuner.run.session  # noqa: F401
-        from tuner.measure.recording import all_bundled
+        with evaluator.phases.timed(START_IMPORTS):
+            import tuner.run.session  # noqa: F401
+            from tuner.measure.recording import all_bundled
 
-        configure_logging(options.verbose)  # after Optuna's import, which sets its level
-        if options.search.sampler in LEARNING:
-            all_bundled()
-            import sklearn.ensemble  # noqa: F401  the first fit's import (0.7-2.5 s), not with the GPU idle
-        evaluator.wait_started()
+            configure_logging(options.verbose)  # after Optuna's import, which sets its level
+            if options.search.sampler in LEARNING:
+                all_bundled()
+                import sklearn.ensemble  # noqa: F401  the first fit's import (0.7-2.5 s), not with the GPU idle
+        with evaluator.phases.timed(START_WAIT):
+            evaluator.wait_started()
     except BaseException:
         evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
         if process is not None:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from tuner.lifetime import StopRequest
 from tuner.measure.evaluator import (OK, REJECTED, Evaluator, Measurement, asynchronous,
                                      collect, submit, tickets)
-from tuner.measure.phases import PROPOSE, STORE, STORE_BG, TELL, Phases
+from tuner.measure.phases import PROPOSE, STORE, STORE_BG, STUDY_MODEL, STUDY_PRIOR, STUDY_STORAGE, TELL, Phases
 from tuner.measure.resources import Resources
 from tuner.problem import ConfigKey, Problem, config_key
 from tuner.report import config_text
@@ -372,18 +372,20 @@ class StudyRun:
         # the static prior's geometry groups (tuner.search.prior): its start-up, the prior TPE
         self.groups = self.startup.groups
 
-        self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
-                                  claims=session.claim_trials,
-                                  stale_check_every_s=session.heartbeat_s)
-        changes = self.shared.pull()
+        with session.phases.timed(STUDY_STORAGE):
+            self.shared = SharedStudy(session.storage, self.name, key_of=self._key_of,
+                                      claims=session.claim_trials,
+                                      stale_check_every_s=session.heartbeat_s)
+            changes = self.shared.pull()
         history = changes.completed
         # A resumed study past its start-up never asks for it: spare the prior's compiles.
         resumed = len(history) >= STARTUP_TRIALS
         # hybrid only needs the model for its start-up picks
         sampler = self.sampler
         seed = _seed_for(session.seed, len(history), self.shared.claims)
-        learned = (self._learned(seed) if sampler == "model"
-                   or (sampler == "hybrid" and not resumed) else None)
+        with session.phases.timed(STUDY_MODEL):
+            learned = (self._learned(seed) if sampler == "model"
+                       or (sampler == "hybrid" and not resumed) else None)
         self.startup.geometries = None  # read by the groups and the model's rows: done with
         # The model sampler starts from the static prior where its examples hold no other
         # shape of this family (what other families teach it transfers worse than the prior;
@@ -392,7 +394,8 @@ class StudyRun:
                          and (sampler in PRIOR_SAMPLERS
                               or (learned is not None
                                   and not learns_family(learned.examples, family.name))))
-        startup = self._prior_startup() if wants_startup else []
+        with session.phases.timed(STUDY_PRIOR):
+            startup = self._prior_startup() if wants_startup else []
         picks: list[dict[str, int]] = []
         if sampler == "hybrid" and wants_startup and learned is not None:
             picks = model_picks(learned, family.name, HYBRID_PICKS, session.seed)
@@ -412,7 +415,9 @@ class StudyRun:
         self.mirrors: dict[int, int] = {}  # others' RUNNING claim id → in-memory trial number
         self._learn(changes)
         if session.warm_start and not history:
-            for config in warm_start_configs(session.database, session.gpu_name, family, problem):
+            with session.phases.timed(STUDY_STORAGE):
+                warm = warm_start_configs(session.database, session.gpu_name, family, problem)
+            for config in warm:
                 log.info("%s: warm start with %s", self.name, config_text(config))
                 self.study.enqueue_trial(space.params_from_config(family, config),
                                          user_attrs={"warm_start": True},
@@ -970,20 +975,21 @@ class StudyRun:
         for nothing more, while the GPU child still measures its last candidates (the caller
         builds the next study then, instead of after them with the GPU idle)."""
         session, problem, budget = self.session, self.problem, self.budget
-        problem_id = session.database.ensure_problem(
-            problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
-            general_alpha_beta=problem.general_alpha_beta, batch=problem.batch,
-        )
-        family_id = session.database.ensure_family(self.family.name, self.family.source_hash)
-        for dead in session.database.interrupt_stale_runs(session.stale_after_s):
-            log.warning("run %d had no heartbeat for %g s: marked interrupted (its tuner died)",
-                        dead, session.stale_after_s)
-        self.run_id = session.database.start_run(
-            gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
-            sampler=self.sampler, seed=session.seed, budget=budget.as_dict(),
-            host=session.host, command=session.command, study_name=self.name,
-            stale_after_s=session.stale_after_s,
-        )
+        with session.phases.timed(STUDY_STORAGE):
+            problem_id = session.database.ensure_problem(
+                problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
+                general_alpha_beta=problem.general_alpha_beta, batch=problem.batch,
+            )
+            family_id = session.database.ensure_family(self.family.name, self.family.source_hash)
+            for dead in session.database.interrupt_stale_runs(session.stale_after_s):
+                log.warning("run %d had no heartbeat for %g s: marked interrupted (its tuner died)",
+                            dead, session.stale_after_s)
+            self.run_id = session.database.start_run(
+                gpu_id=session.gpu_id, problem_id=problem_id, family_id=family_id,
+                sampler=self.sampler, seed=session.seed, budget=budget.as_dict(),
+                host=session.host, command=session.command, study_name=self.name,
+                stale_after_s=session.stale_after_s,
+            )
         deadline = None if budget.timeout_s is None else time.monotonic() + budget.timeout_s
         run_state, stop_reason = "failed", "error"
         bar = tqdm(total=budget.trials, initial=min(self.tally.measured, budget.trials),
