@@ -84,11 +84,9 @@ def decide(answer: Answer, *, gpu: str, requested: tuple[int, int, int], precisi
                                  f"tuned kernel ({e.family}, {e.gflops:.0f} GFLOP/s)", **base, **found)
     refused = refusal(e.family, e.config, arch)  # a source given the arch has passed over these already
     if refused is not None:
-        why = refused if e.family not in kernels.FAMILIES else f"{e.family} refuses the stored config on {arch}: {refused}"
-        return Choice("library", why, **base, **found)
-    fam = kernels.FAMILIES[e.family]
+        return Choice("library", refused, **base, **found)
     why = "tuned on this shape" if e.match == "exact" else f"nearest tuned shape (log2 distance {e.distance:.2f})"
-    return Choice("kernel", why, **base, **found, kernel_family=fam)
+    return Choice("kernel", why, **base, **found, kernel_family=kernels.FAMILIES[e.family])
 
 
 class Dispatcher:

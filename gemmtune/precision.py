@@ -32,8 +32,8 @@ def installed_hashes(precision: str) -> dict[str, str]:
 
 
 def refusal(family: str, config: Mapping[str, int], arch: str) -> str | None:
-    """Why the installed family cannot run a stored config on `arch` (a value it no longer
-    offers, a constraint, the architecture), or None where it can."""
+    """Why this installation cannot run a stored config on `arch` (the family not installed, a
+    value it no longer offers, a constraint, the architecture), or None where it can."""
     fam = kernels.FAMILIES.get(family)
     if fam is None:
         return f"family {family!r} is not installed"
@@ -41,7 +41,7 @@ def refusal(family: str, config: Mapping[str, int], arch: str) -> str | None:
         reasons = fam.reject_reasons(dict(config), arch)
     except kernels.ConfigError as exc:
         reasons = [str(exc)]
-    return "; ".join(reasons) or None
+    return f"{family} refuses the stored config on {arch}: {'; '.join(reasons)}" if reasons else None
 
 
 def runnable_on(arch: str | None) -> Callable[[str, Mapping[str, int]], bool] | None:

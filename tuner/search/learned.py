@@ -89,11 +89,6 @@ def problem_held_out(gpu: str, shape: str) -> HeldOut:
     return lambda unit: unit[0] == gpu and unit[2] == shape
 
 
-def arch_of(compute_capability: str) -> str:
-    """'9.0' → 'sm_90'."""
-    return "sm_" + compute_capability.replace(".", "")
-
-
 def examples_from_recordings(recordings: Sequence[Any], held_out: HeldOut = nothing_held_out
                              ) -> list[Example]:
     """Every measured config of every (family, problem) of the recordings, except the units
@@ -122,7 +117,7 @@ def examples_from_database(database: Any, families: Collection[str],
         if held_out((row.gpu_name, row.family, problem.shape)):
             continue
         examples.append(Example(
-            row.gpu_name, Target(row.sm_count, arch_of(row.compute_capability)), row.family,
+            row.gpu_name, Target(row.sm_count, kernels.arch_of(row.compute_capability)), row.family,
             row.params, problem, float(row.gflops or 0.0) if row.state == "ok" else 0.0))
     return examples
 
