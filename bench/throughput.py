@@ -240,7 +240,8 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):
         busy = _overlap(child_spans, start, end)
-        mine = sorted((a, b) for a, b in child_spans if start <= b <= end)
+        # (the first study's own: the opening's, answered in the one-time start, too)
+        mine = sorted((a, b) for a, b in child_spans if start <= b <= end or (i == 0 and b < start))
         wall = end - start
         head = (mine[0][0] - start) if mine else wall
         tail = (end - mine[-1][1]) if mine else 0.0
@@ -314,8 +315,9 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
     command's shut-down), and each gap between two answers, charged to ``between_studies``
     where a study's loop ended inside it (the next study's set-up, first asks and compiles),
     else to ``in_studies`` (compile waits, asks, stores that let the queue run dry)."""
-    spans = sorted(child_spans)
     wall_from, wall_to = tuning_span
+    # the opening's answers may come before the tuning span (during the one-time start)
+    spans = sorted((max(a, wall_from), b) for a, b in child_spans if b > wall_from)
 
     def length(a: float, b: float) -> float:
         cut = sum(max(0.0, min(b, y) - max(a, x)) for x, y in excluded)
@@ -337,10 +339,29 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
             "in_studies_gaps_over_50ms": long_gaps, "studies": len(loops)}
 
 
+def after_first(phases: Phases, sampler: UtilizationSampler, command_span: tuple[float, float],
+                gpus: int = 1) -> dict[str, Any] | None:
+    """Issue 58's two start figures: the seconds from the command's start to the GPU's first
+    answer (``first_answer_s``: its end; the one-time start included, measured or not), and
+    how busy the GPU was from that answer's start to the command's end (``wall_s``; kernel
+    time, the child at work, NVML). None where nothing was measured."""
+    if not phases.child_spans:
+        return None
+    began, ended = command_span
+    first = min(phases.child_spans)
+    wall = ended - first[0]
+    busy = _overlap(phases.child_spans, first[0], ended)
+    return {"first_answer_s": first[1] - began, "wall_s": wall,
+            "kernel_time_share": phases.kernel_s / (wall * gpus) if wall > 0 else 0.0,
+            "child_busy_share": busy / (wall * gpus) if wall > 0 else 0.0,
+            "nvml_share": sampler.mean([(first[0], ended)])}
+
+
 def report(phases: Phases, *, wall_s: float, start_s: float, sampler: UtilizationSampler,
            tuning_span: tuple[float, float], gpus: int = 1) -> dict[str, Any]:
-    """The numbers printed and stored: everything per the tuning wall time (start excluded);
-    the GPU's busy shares per GPU of ``gpus``."""
+    """The numbers printed and stored: everything per the tuning wall time (start excluded;
+    the kernel time counts the opening's, measured in the start, too); the GPU's busy shares
+    per GPU of ``gpus``."""
     tuning_s = wall_s - start_s
     trials = max(1, phases.trials)
     rows: dict[str, dict[str, float]] = {}
@@ -396,6 +417,13 @@ def print_report(result: dict[str, Any]) -> None:
     if start:
         print("one-time start: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in start.items())
               + "; studies' set-up parts: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in study.items()))
+    first = result.get("after_first")
+    if first:
+        nvml = first["nvml_share"]
+        print(f"first measurement {first['first_answer_s']:.2f} s after the command's start; "
+              f"from then to the end ({first['wall_s']:.1f} s) the GPU was busy "
+              f"{first['kernel_time_share']:.1%} kernel time, child at work "
+              f"{first['child_busy_share']:.1%}, NVML " + (f"{nvml:.1%}" if nvml is not None else "-"))
     print(f"{result['trials']} configs recorded ({result['gpu_answers']} measured on the GPU): "
           f"{result['configs_per_s']:.2f} configs/s = {60 * result['configs_per_s']:.0f}/min")
     print(f"\n{'main thread':<14}{'total s':>10}{'share':>9}{'per trial ms':>14}")
@@ -500,17 +528,23 @@ def main(argv: list[str] | None = None) -> int:
                            if args.standin_measure_s and backend == "tuner.testing" else None)
         cpu = CpuSampler()
         cpu.start()
-        started = time.perf_counter()
+        # NVML from the start where the GPUs are named (the opening measures during the start);
+        # "all" is known only once the command has started
+        named = options.evaluator.devices
+        sampler = (None if isinstance(named, str)
+                   else UtilizationSampler([named] if isinstance(named, int) else list(named)))
+        if sampler is not None:
+            sampler.start()
+        started, began = time.perf_counter(), time.monotonic()
         # the command's own one-time start: the processes first, the search's imports beside
         # them, not in the tuning time
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
         cpu.compiling = evaluator.pool.building
-        # NVML from here on, on the GPUs the command found ("all" is known only now): the
-        # one-time start is no part of the tuning time it is read over
-        sampler = UtilizationSampler(evaluator.devices)
-        sampler.start()
+        if sampler is None:
+            sampler = UtilizationSampler(evaluator.devices)
+            sampler.start()
         tuning_from = time.monotonic()
         with evaluator:
             try:
@@ -532,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = len(evaluator.devices)
     result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
                     tuning_span=tuning_span, gpus=gpus)
+    result["after_first"] = after_first(phases, sampler, (began, tuning_span[1]), gpus)
     families = [f.name for f in options.families if f.offered_on(arch)]
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),

@@ -19,3 +19,8 @@ class Naive(Family):
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return (c["BY"], c["BX"]) if c["COALESCED"] else (c["BX"], c["BY"])
+
+    # A warp along each row of C, coalesced: the command's first study is this family's, and a
+    # declared point is what the GPU measures while the search starts (docs/measurement.md,
+    # "The command's start and end").
+    starting_points = ({"BX": 32, "BY": 4, "COALESCED": 1},)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import kernels
 from kernels.compiler import MAIN_KERNEL, cached_cubin, cubin_key
@@ -443,6 +443,23 @@ class CompilePool:
 ALL_DEVICES = "all"
 
 
+@dataclass(frozen=True)
+class Opening:
+    """What the GPU measures first, while the command's search is still starting (its imports,
+    the first study's start-up): the first problem, with its inputs, reference and cuBLAS
+    baseline, and candidates its studies ask for first whatever their search (declared starting
+    points), chosen once the GPU's architecture is known (``candidates(arch)``: bound families
+    and configs). Each answer waits for the study's ask, which takes it instead of measuring
+    again (docs/measurement.md, "The command's start and end")."""
+
+    problem: Problem
+    candidates: Callable[[str], list[tuple[Any, dict[str, int]]]]
+
+
+# How often the opening's thread looks whether the command has stopped it (wait_started).
+_OPENING_POLL_S = 0.05
+
+
 @dataclass
 class _Lane:
     """One GPU of the evaluator: its child process and the tickets posted to it, not yet
@@ -469,12 +486,15 @@ class LiveEvaluator:
         backend_options: dict[str, Any] | None = None,
         queue_depth: int = QUEUE_DEPTH,
         wait: bool = True,
+        opening: Opening | None = None,
     ) -> None:
         """Starts the GPU children and the compile processes. ``device``: a CUDA device index,
         several (one child each), or ``"all"`` (every GPU the first child's driver sees).
         ``wait``: return once they are ready (raising GpuUnavailable or RuntimeError where a
         child cannot measure or the GPUs are of several models); else at once, and
-        ``wait_started`` does that later (the caller imports meanwhile)."""
+        ``wait_started`` does that later (the caller imports meanwhile). ``opening``: measured
+        from the moment the children are ready: with ``wait`` all of it is posted before the
+        return; else on a thread, as its compiles finish, until ``wait_started``."""
         self.trial_timeout_s = trial_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.queue_depth = max(1, queue_depth)
@@ -495,7 +515,16 @@ class LiveEvaluator:
         self.problem: Problem | None = None
         self.replacements = 0
         self._compiles: dict[tuple, Future[_Compiled]] = {}
-        self._warming: list[Future[int]] | None = None  # None once started
+        self._warming: list[Future[int]] = []
+        # the opening's: tickets posted, by (program, problem); compiles not yet posted when
+        # wait_started stopped it (then prepared compiles); the cuBLAS baseline (or its error)
+        self._opened: dict[tuple, Ticket] = {}
+        self._opening_left: dict[tuple, tuple[Any, dict[str, int], Future[_Compiled]]] = {}
+        self._opening_baseline: tuple[Problem, dict[str, Any] | RuntimeError] | None = None
+        self._stop_opening = threading.Event()
+        self._start_error: BaseException | None = None
+        self._starting: threading.Thread | None = None
+        self._started = False
         try:
             self._warming = self.pool.start()
             for lane in self.lanes:
@@ -504,7 +533,12 @@ class LiveEvaluator:
             self.close()
             raise
         if wait:
+            self._start(opening)
             self.wait_started()
+        else:
+            self._starting = threading.Thread(target=self._start, args=(opening,),
+                                              name="gemmtune-start", daemon=True)
+            self._starting.start()
 
     @property
     def child(self) -> GpuChild:
@@ -517,34 +551,96 @@ class LiveEvaluator:
 
     def wait_started(self) -> None:
         """Wait until the GPU children are ready and every compile process has started (at
-        once after the first time); a child that cannot measure raises GpuUnavailable or
-        RuntimeError, as do GPUs of several models, and the evaluator is closed."""
-        if self._warming is None:
+        once after the first time), stopping the opening where it still posts: what it has not
+        posted yet stays as prepared compiles. A child that cannot measure raises
+        GpuUnavailable or RuntimeError, as do GPUs of several models, and the evaluator is
+        closed."""
+        if self._started:
             return
+        if self._starting is not None:
+            self._stop_opening.set()
+            self._starting.join()
+            self._starting = None
         try:
-            self.child.wait_ready(self.setup_timeout_s)
-            if self._count_devices:  # the first child counted the GPUs: a lane for each other
-                self._count_devices = False
-                more = [_Lane(GpuChild(d, self._backend, self._backend_options))
-                        for d in range(1, self.child.devices)]
-                self.lanes += more
-                for lane in more:
-                    lane.child.launch()
-            for lane in self.lanes[1:]:
-                lane.child.wait_ready(self.setup_timeout_s)
-            models = {lane.child.device: lane.child.info.get("name") for lane in self.lanes}
-            if len(set(models.values())) > 1:
-                raise RuntimeError(
-                    "one command tunes one GPU model, and these are several: "
-                    + ", ".join(f"GPU {d} is {name}" for d, name in models.items())
-                    + "; name the GPUs of one model, and tune the others with a command of their own")
-            self.pool.arch = self.child.arch
-            for future in self._warming:
-                future.result()
+            if self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                raise error
+            self._add_counted_lanes()
         except BaseException:
             self.close()
             raise
-        self._warming = None
+        self._started = True
+        for key, (family, config, future) in self._opening_left.items():
+            self._compiles.setdefault(key[0], future)
+        self._opening_left.clear()
+
+    def _start(self, opening: Opening | None) -> None:
+        """The start (``wait_started`` raises what it raised), then the opening: on the
+        caller's thread, or on the evaluator's start thread while the command imports."""
+        try:
+            for lane in self.lanes:
+                lane.child.wait_ready(self.setup_timeout_s)
+            self._check_one_model()
+            self.pool.arch = self.child.arch
+            for future in self._warming:
+                future.result()
+            if opening is not None:
+                self._open(opening)
+        except BaseException as error:  # noqa: BLE001  raised again by wait_started
+            self._start_error = error
+
+    def _add_counted_lanes(self) -> None:
+        """With ``"all"``: a lane for each other GPU the first child counted, given the problem
+        the opening set. Launched here, on the command's thread: a child's parent-death signal
+        is tied to the thread that started it (tuner.lifetime), and the start thread ends."""
+        if not self._count_devices:
+            return
+        self._count_devices = False
+        more = [_Lane(GpuChild(d, self._backend, self._backend_options))
+                for d in range(1, self.child.devices)]
+        self.lanes += more
+        for lane in more:
+            lane.child.launch()
+        for lane in more:
+            lane.child.wait_ready(self.setup_timeout_s)
+        self._check_one_model()
+        if self.problem is not None:
+            for lane in more:
+                lane.child.request(_problem_request(self.problem), self.setup_timeout_s,
+                                   f"preparing problem {self.problem.shape}")
+
+    def _check_one_model(self) -> None:
+        models = {lane.child.device: lane.child.info.get("name") for lane in self.lanes}
+        if len(set(models.values())) > 1:
+            raise RuntimeError(
+                "one command tunes one GPU model, and these are several: "
+                + ", ".join(f"GPU {d} is {name}" for d, name in models.items())
+                + "; name the GPUs of one model, and tune the others with a command of their own")
+
+    def _open(self, opening: Opening) -> None:
+        """Set the opening's problem up and time cuBLAS on it while its candidates compile, then
+        post each candidate as its compile finishes, until stopped. (Off the main thread: no
+        phases are timed here, and nothing else reads the children until wait_started.)"""
+        problem = opening.problem
+        for family, config in opening.candidates(self.arch()):
+            key = (self._key(family, config), problem)
+            if key not in self._opening_left:
+                self._opening_left[key] = (family, config, self.pool.submit(family, config))
+        self._post_problem(problem)
+        try:
+            self._opening_baseline = (problem, self._request_baseline())
+        except RuntimeError as error:  # no cuBLAS: raised again at the command's baseline
+            self._opening_baseline = (problem, error)
+        while self._opening_left and not self._stop_opening.is_set():
+            futures = [future for _, _, future in self._opening_left.values()]
+            wait(futures, timeout=_OPENING_POLL_S, return_when=FIRST_COMPLETED)
+            for key in [key for key, (_, _, future) in self._opening_left.items() if future.done()]:
+                family, config, future = self._opening_left.pop(key)
+                try:
+                    compiled = future.result()
+                except Exception:  # noqa: BLE001  the study's own ask compiles it and says why
+                    continue
+                self._opened[key] = self._send(self._ticket(family, config, problem, compiled))
 
     @property
     def tickets(self) -> int:
@@ -569,27 +665,41 @@ class LiveEvaluator:
         if problem == self.problem:
             return  # inputs and the float64 reference are already in place
         self._drain()
+        self._opened.clear()  # answered by the drain, for another problem
         with self.phases.timed(SETUP):
-            for lane in self.lanes:  # every GPU builds its inputs at the same time
-                lane.child.post(_problem_request(problem))
-            for lane in self.lanes:
-                lane.child.answer(self.setup_timeout_s, f"preparing problem {problem.shape}")
+            self._post_problem(problem)
+
+    def _post_problem(self, problem: Problem) -> None:
+        for lane in self.lanes:  # every GPU builds its inputs at the same time
+            lane.child.post(_problem_request(problem))
+        for lane in self.lanes:
+            lane.child.answer(self.setup_timeout_s, f"preparing problem {problem.shape}")
         self.problem = problem
 
     def baseline(self) -> Baseline:
-        """cuBLAS on the first GPU: the study's one baseline, whichever GPU measured a config."""
-        self._drain()
-        with self.phases.timed(SETUP):
-            result = self.child.request(("baseline",), self.setup_timeout_s, "timing cuBLAS")
+        """cuBLAS on the first GPU: the study's one baseline, whichever GPU measured a config
+        (the opening's, where it timed this problem)."""
+        opened, self._opening_baseline = self._opening_baseline, None
+        if opened is not None and opened[0] == self.problem:
+            result = opened[1]
+            if isinstance(result, RuntimeError):
+                raise result
+        else:
+            self._drain()
+            with self.phases.timed(SETUP):
+                result = self._request_baseline()
         return Baseline(result.get("library", "cublas"), float(result["time_median_ms"]),
                         float(result["gflops"]), result.get("sm_clock_mhz"))
+
+    def _request_baseline(self) -> dict[str, Any]:
+        return self.child.request(("baseline",), self.setup_timeout_s, "timing cuBLAS")
 
     def _key(self, family: Any, config: dict[str, int]) -> tuple:
         return program_id(family, config)
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         key = self._key(family, config)
-        if key not in self._compiles:
+        if key not in self._compiles and (key, self.problem) not in self._opened:
             with self.phases.timed(PREPARE):
                 self._compiles[key] = self.pool.submit(family, config)
 
@@ -597,7 +707,9 @@ class LiveEvaluator:
         """The study let a prepared candidate go: its compile is cancelled where it has not
         begun and no other prepared config shares it, and its result is not kept (it was held
         until the evaluator closed)."""
-        future = self._compiles.pop(self._key(family, config), None)
+        key = self._key(family, config)
+        self._opened.pop((key, self.problem), None)  # (answered in turn, then dropped)
+        future = self._compiles.pop(key, None)
         if future is not None and not any(other is future for other in self._compiles.values()):
             future.cancel()
 
@@ -618,8 +730,9 @@ class LiveEvaluator:
 
     def ready(self, family: Any, config: dict[str, int]) -> bool:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
-        future = self._compiles.get(self._key(family, config))
-        return future is not None and future.done()
+        key = self._key(family, config)
+        future = self._compiles.get(key)
+        return (key, self.problem) in self._opened or (future is not None and future.done())
 
     def wait_any(self, family: Any, configs: Iterable[dict[str, int]]) -> None:
         """Block until the compile of one of the prepared ``configs`` is done (at once where
@@ -634,17 +747,30 @@ class LiveEvaluator:
         return self.collect(self.submit(family, config, problem))
 
     def submit(self, family: Any, config: dict[str, int], problem: Problem) -> Ticket:
-        """Wait for the config's compile and hand it to the GPU child; returns at once after.
-        Collect tickets in the order they were submitted."""
+        """Wait for the config's compile and hand it to the GPU child; returns at once after
+        (the opening's ticket, where it posted this config). Collect tickets in the order they
+        were submitted."""
         if problem != self.problem:
             self.set_problem(problem)
         key = self._key(family, config)
+        opened = self._opened.pop((key, problem), None)
+        if opened is not None:
+            return opened
         future = self._compiles.pop(key, None)
         if future is None:
             with self.phases.timed(PREPARE):
                 future = self.pool.submit(family, config)
         with self.phases.timed(COMPILE_WAIT):
             compiled = future.result()
+        ticket = self._ticket(family, config, problem, compiled)
+        if ticket.request is None:
+            return ticket
+        with self.phases.timed(GPU_SEND):
+            return self._send(ticket)
+
+    def _ticket(self, family: Any, config: dict[str, int], problem: Problem,
+                compiled: _Compiled) -> Ticket:
+        """The GPU child's request for a compiled config (answered at once: a compile error)."""
         if compiled.cubin is None:
             return Ticket(None, answer=Measurement(state=COMPILE_ERROR, error=compiled.error,
                                                    compile_seconds=compiled.seconds))
@@ -655,12 +781,16 @@ class LiveEvaluator:
             "occupancy": used.occupancy,
         }
         m, n, k = problem.m, problem.n, problem.k
-        ticket = Ticket(("evaluate", compiled.cubin, family.launches(config, m, n, k),
-                         family.workspace_bytes(config, m, n, k), family.flops(m, n, k)), common)
+        return Ticket(("evaluate", compiled.cubin, family.launches(config, m, n, k),
+                       family.workspace_bytes(config, m, n, k), family.flops(m, n, k)), common)
+
+    def _send(self, ticket: Ticket) -> Ticket:
+        """Post a ticket with a request to the GPU with the fewest waiting."""
+        if ticket.request is None:
+            return ticket
         lane = min(self.lanes, key=lambda lane: len(lane.queued))  # the first among equals
         ticket.lane = lane
-        with self.phases.timed(GPU_SEND):
-            self._post(lane, ticket)
+        self._post(lane, ticket)
         lane.queued.append(ticket)
         return ticket
 
@@ -740,7 +870,9 @@ class LiveEvaluator:
             self._post(lane, ticket)
 
     def close(self) -> None:
-        for future in self._compiles.values():
+        self._stop_opening.set()
+        left = list(self._opening_left.values())  # (one step: the start thread may still post)
+        for future in [*self._compiles.values(), *(future for _, _, future in left)]:
             future.cancel()
         self._compiles.clear()
         self.pool.close()

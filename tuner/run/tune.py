@@ -139,18 +139,52 @@ def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_opti
                          wait=wait, **evaluator_options)
 
 
+def opening(options: Options) -> Any:
+    """What the GPU measures while the command still starts (``tuner.measure.live.Opening``):
+    the first study's declared starting points, those its family accepts on the GPU. Its warm
+    start asks for them first, whatever the search and before the model or the prior is
+    ready, so the GPU measures from its first second instead of after the first start-up
+    (docs/measurement.md, "The command's start and end"). None where there is no study."""
+    import kernels
+    from tuner.measure.live import Opening
+
+    if not options.problems or not options.families:
+        return None
+    problem = options.problems[0]
+
+    def candidates(arch: str) -> list[tuple[Any, dict[str, int]]]:
+        first = next((f for f in options.families if f.offered_on(arch)), None)
+        if first is None:
+            return []
+        family = kernels.bind(first, problem.layout, problem.batch)
+        return [(family, dict(config)) for config in first.starting_points
+                if _accepted(first, dict(config), arch)]
+
+    return Opening(problem, candidates)
+
+
+def _accepted(family: Any, config: dict[str, int], arch: str) -> bool:
+    import kernels
+
+    try:
+        return family.accepts(config, arch)
+    except kernels.ConfigError:  # a declared point the family no longer names: not measured
+        return False
+
+
 def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]:
     """A live command's one-time start: the GPU process, the compile processes and the
     start-ups' process (tuner.search.preparer) started first; while they start CUDA, cuBLAS,
     NVRTC and their imports (1-2 s on the H100 host), this one imports the search and the
     stores (Optuna, SQLAlchemy: 2.5-3.5 s there) and loads the bundled recordings the model's
     first fits learn from (docs/measurement.md, "The command's start and end"); then waits
-    for them. Returns (evaluator, the start-ups' process); raises as ``start_live``,
-    everything it started ended then."""
+    for them. The GPU process measures the ``opening`` meanwhile. Returns (evaluator, the
+    start-ups' process); raises as ``start_live``, everything it started ended then."""
     from tuner.lifetime import kill_pool
     from tuner.search import preparer
 
-    evaluator = start_live(options.evaluator, wait=False, **evaluator_options)
+    evaluator = start_live(options.evaluator, wait=False, opening=opening(options),
+                           **evaluator_options)
     process = None
     try:
         process = preparer.start()

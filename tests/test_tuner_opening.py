@@ -1,0 +1,121 @@
+"""The opening (tuner.measure.live.Opening): what the GPU child measures while the command still
+starts, on CPU with real NVRTC compiles in the spawn pool and a real child process running the
+stand-in bench. Each candidate is measured once: the study's ask takes the opening's answer."""
+
+from __future__ import annotations
+
+import db
+import kernels
+from tuner.lifetime import kill_pool
+from tuner.measure.live import LiveEvaluator, Opening
+from tuner.measure.phases import SETUP
+from tuner.measure.testing import PLANTED_COMPILE_ERROR, PLANTED_OK, PlantedFamily
+from tuner.problem import Problem
+
+PLANTED = PlantedFamily()
+SMALL = Problem(64, 48, 32)
+NAIVE = kernels.get_family("naive")
+NAIVE_CONFIGS = [{"BX": 32, "BY": 4, "COALESCED": 1}, {"BX": 16, "BY": 16, "COALESCED": 0},
+                 {"BX": 64, "BY": 4, "COALESCED": 1}]
+
+
+def opening(*candidates: tuple[object, dict[str, int]], problem: Problem = SMALL) -> Opening:
+    return Opening(problem, lambda arch: list(candidates))
+
+
+def test_the_opening_is_posted_before_the_search_and_its_answer_goes_to_the_ask(tmp_path):
+    ok, broken = {"MODE": PLANTED_OK}, {"MODE": PLANTED_COMPILE_ERROR}
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       opening=opening((PLANTED, ok), (PLANTED, broken), (PLANTED, ok))) as evaluator:
+        # the problem is set and the candidate that compiled waits with the child, once
+        assert evaluator.problem == SMALL and len(evaluator.lanes[0].queued) == 1
+        evaluator.set_problem(SMALL)  # the command's own set-up: nothing to do
+        assert evaluator.baseline().gflops > 0  # timed by the opening
+        assert evaluator.phases.seconds.get(SETUP, 0.0) == 0.0  # nothing set up or timed again
+        assert evaluator.ready(PLANTED, ok)
+        ticket = evaluator.submit(PLANTED, ok, SMALL)
+        assert ticket is evaluator.lanes[0].queued[0] and len(evaluator.lanes[0].queued) == 1
+        assert evaluator.collect(ticket).state == "ok" and evaluator.phases.answers == 1
+        assert evaluator.evaluate(PLANTED, broken, SMALL).state == "compile_error"
+        # asked again: measured again, as any second ask is
+        assert evaluator.evaluate(PLANTED, ok, SMALL).state == "ok"
+        assert evaluator.phases.answers == 2
+
+
+def test_an_opening_answer_nobody_asks_for_is_read_and_dropped(tmp_path):
+    ok = {"MODE": PLANTED_OK}
+    other = Problem(32, 32, 32)
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       opening=opening((PLANTED, ok))) as evaluator:
+        evaluator.set_problem(other)  # e.g. a resumed study never asks for its warm start
+        assert not evaluator.lanes[0].queued and evaluator.phases.answers == 1
+        baseline = evaluator.baseline()  # timed on the new problem, not the opening's
+        assert baseline.gflops > 0 and evaluator.phases.seconds.get(SETUP, 0.0) > 0
+        ticket = evaluator.submit(PLANTED, ok, other)
+        assert ticket.request is not None and evaluator.collect(ticket).state == "ok"
+        assert evaluator.phases.answers == 2
+
+
+def test_stopped_by_the_command_the_opening_leaves_what_it_did_not_post_as_compiles(tmp_path):
+    """``wait_started`` stops the opening wherever it is: each candidate is then either with
+    the child or a prepared compile, and every ask is measured once."""
+    started = LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing",
+                            wait=False,
+                            opening=opening(*((NAIVE, config) for config in NAIVE_CONFIGS)))
+    with started as evaluator:
+        evaluator.wait_started()
+        posted = len(evaluator.lanes[0].queued)
+        assert posted + len(evaluator._compiles) == len(NAIVE_CONFIGS)
+        assert all(evaluator.prepare(NAIVE, c) is None for c in NAIVE_CONFIGS)  # nothing new
+        assert len(evaluator._compiles) == len(NAIVE_CONFIGS) - posted
+        tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS]
+        assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(NAIVE_CONFIGS)
+        assert evaluator.phases.answers == len(NAIVE_CONFIGS)
+
+
+def test_the_command_measures_its_first_studys_starting_point_once(tmp_path, monkeypatch):
+    """``python -m tuner``'s start (start_command) opens with naive's declared starting point,
+    which the study's warm start asks for first: stored as its first trial, measured once."""
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import start_command, tune
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--trials", "5",
+                          "--sampler", "random", "--workers", "2", "--db", url,
+                          "--cache", str(tmp_path / "cubins")])
+    evaluator, process = start_command(options)
+    with evaluator:
+        try:
+            assert tune(options, evaluator, progress=False, preparer=process) == 0
+        finally:
+            kill_pool(process)
+        assert not evaluator._opened  # taken by the study
+        assert evaluator.phases.answers == evaluator.phases.trials == 5
+    database = db.open_database(url)
+    try:
+        (run,) = database.list_runs(family="naive")
+        first = database.trials(run.id)[0]
+        assert first.params == NAIVE.starting_points[0] and first.state == "ok"
+    finally:
+        database.close()
+
+
+def test_the_opening_is_the_first_offered_familys_accepted_starting_points():
+    """The first study's family on this GPU: wgmma on a Hopper GPU, naive (the next one named)
+    where wgmma is not offered (Ampere)."""
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import opening as opening_of
+
+    plan = opening_of(parse_args(["--kernel", "wgmma", "--kernel", "naive",
+                                  "--shape", "100x90x80"]))
+    wgmma = kernels.get_family("wgmma")
+    hopper = plan.candidates("sm_90")
+    assert len(hopper) == len(wgmma.starting_points) > 1
+    assert all(f.name == "wgmma" and wgmma.accepts(c, "sm_90") for f, c in hopper)
+    assert [(f.name, c) for f, c in plan.candidates("sm_80")] == [
+        ("naive", dict(NAIVE.starting_points[0]))]
+    # a transposed problem's programs: the study binds the family the same way
+    nt = opening_of(parse_args(["--kernel", "naive", "--shape", "100x90x80:nt"]))
+    (family, _), = nt.candidates("sm_90")
+    assert kernels.bound_to(family) == ("nt", 1)
