@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import db
 import kernels
+import pytest
 from tuner.lifetime import kill_pool
 from tuner.measure.live import LiveEvaluator, Opening
 from tuner.measure.phases import SETUP
@@ -119,3 +120,25 @@ def test_the_opening_is_the_first_offered_familys_accepted_starting_points():
     nt = opening_of(parse_args(["--kernel", "naive", "--shape", "100x90x80:nt"]))
     (family, _), = nt.candidates("sm_90")
     assert kernels.bound_to(family) == ("nt", 1)
+
+
+def test_the_start_loads_only_this_gpu_models_recordings(tmp_path, monkeypatch):
+    """The model learns from the bundled recordings of the GPU model it tunes (tuner.search.
+    learned); the start loads those, once the GPU child has said which model it is, and no
+    other's (every model's took 1.24 s more on the 2-core machine)."""
+    from tuner.measure import recording
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import start_command
+
+    asked: list[str] = []
+    real = recording.bundled
+    monkeypatch.setattr(recording, "bundled", lambda gpu: asked.append(gpu) or real(gpu))
+    monkeypatch.setattr(recording, "all_bundled", lambda: pytest.fail("every GPU model's loaded"))
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--workers", "1",
+                          "--db", f"sqlite:///{tmp_path / 'r.sqlite'}",
+                          "--cache", str(tmp_path / "cubins")])
+    evaluator, process = start_command(options)
+    with evaluator:
+        kill_pool(process)
+        assert asked == [evaluator.info()["name"]]

@@ -176,9 +176,9 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
     """A live command's one-time start: the GPU process, the compile processes and the
     start-ups' process (tuner.search.preparer) started first; while they start CUDA, cuBLAS,
     NVRTC and their imports (1-2 s on the H100 host), this one imports the search and the
-    stores (Optuna, SQLAlchemy: 2.5-3.5 s there) and loads the bundled recordings the model's
-    first fits learn from (docs/measurement.md, "The command's start and end"); then waits
-    for them. The GPU process measures the ``opening`` meanwhile. Returns (evaluator, the
+    stores (Optuna, SQLAlchemy: 2.5-3.5 s there); then waits for them and loads the GPU
+    model's bundled recordings the model's first fits learn from (docs/measurement.md, "The
+    command's start and end"). The GPU process measures the ``opening`` meanwhile. Returns (evaluator, the
     start-ups' process); raises as ``start_live``, everything it started ended then."""
     from tuner.lifetime import kill_pool
     from tuner.search import preparer
@@ -190,14 +190,18 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
         process = preparer.start()
         with evaluator.phases.timed(START_IMPORTS):
             import tuner.run.session  # noqa: F401
-            from tuner.measure.recording import all_bundled
+            from tuner.measure.recording import bundled
 
             configure_logging(options.verbose)  # after Optuna's import, which sets its level
             if options.search.sampler in LEARNING:
-                all_bundled()
                 import sklearn.ensemble  # noqa: F401  the first fit's import (0.7-2.5 s), not with the GPU idle
         with evaluator.phases.timed(START_WAIT):
             evaluator.wait_started()
+        if options.search.sampler in LEARNING:
+            with evaluator.phases.timed(START_IMPORTS):
+                # only this GPU model's: all the model reads (tuner.search.learned); every
+                # model's took 1.24 s more on the 2-core machine
+                bundled(evaluator.info()["name"])
     except BaseException:
         evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
         if process is not None:
