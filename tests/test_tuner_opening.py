@@ -57,6 +57,16 @@ def test_an_opening_answer_nobody_asks_for_is_read_and_dropped(tmp_path):
         assert evaluator.phases.answers == 2
 
 
+def test_an_opening_that_cannot_list_its_candidates_still_starts_the_command(tmp_path):
+    def broken(arch: str) -> list:
+        raise KeyError("a family the opening did not expect")
+
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       opening=Opening(SMALL, broken)) as evaluator:
+        assert evaluator.problem == SMALL and not evaluator.lanes[0].queued
+        assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
+
+
 def test_stopped_by_the_command_the_opening_leaves_what_it_did_not_post_as_compiles(tmp_path):
     """``wait_started`` stops the opening wherever it is: each candidate is then either with
     the child or a prepared compile, and every ask is measured once."""

@@ -87,3 +87,36 @@ def test_the_cost_models_unit_rows_come_from_the_file_in_a_fresh_process(tmp_pat
     costmodel._unit_rows_kept.pop(unit, None)  # as a new process starts
     monkeypatch.setattr(costmodel, "matrix", lambda *a, **k: pytest.fail("laid out again"))
     assert _same(costmodel._unit_rows(unit, examples), expected)
+
+
+def test_a_recording_laid_out_in_another_process_is_read_by_a_studys_fit(tmp_path, monkeypatch):
+    """``learned.lay_out_bundled`` (the command's start runs it on idle compile workers): the
+    rows of a bundled recording's units, as the first study's fit asks for them with the
+    examples it reads (``examples_for_study``), come from the file, not laid out again."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+
+    import db
+    from tuner.measure.recording import bundled_file
+    from tuner.problem import Problem
+    from tuner.search.learned import examples_for_study, lay_out_bundled
+
+    monkeypatch.setenv("GEMMTUNE_CACHE", str(tmp_path))
+    name = "h100-pipelined-1023x1025x999.json.gz"
+    gpu = bundled_file(name).gpu["name"]
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as other:
+        assert other.submit(lay_out_bundled, gpu, name).result() >= 1
+        assert other.submit(lay_out_bundled, "another GPU", name).result() == 0
+    database = db.open_database(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    try:
+        examples = examples_for_study(database, gpu, Problem(4096, 4096, 4096), True)
+    finally:
+        database.close()
+    units = costmodel.by_unit(examples)
+    laid_out = [unit for unit in units if unit[1:] == ("pipelined", "1023x1025x999")]
+    assert laid_out
+    monkeypatch.setattr(costmodel, "matrix", lambda *a, **k: pytest.fail("laid out again"))
+    for unit in laid_out:
+        costmodel._unit_rows_kept.pop(unit, None)
+        rows, best = costmodel._unit_rows(unit, units[unit])
+        assert len(rows) > 100 and best > 0

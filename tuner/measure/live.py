@@ -384,6 +384,11 @@ class CompilePool:
             key = self._keys[name] = cubin_key(family, config, self.arch)
         return key
 
+    def run(self, job: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Other CPU work on these processes, queued behind the compiles asked so far: what the
+        command's start has for them while they are idle (nothing waits on it to compile)."""
+        return self._pool().submit(job, *args)
+
     def idle(self) -> int:
         """Workers with no compile queued for them (each job in ``_building`` holds one)."""
         return max(0, self.workers - len(self._building))
@@ -622,7 +627,13 @@ class LiveEvaluator:
         post each candidate as its compile finishes, until stopped. (Off the main thread: no
         phases are timed here, and nothing else reads the children until wait_started.)"""
         problem = opening.problem
-        for family, config in opening.candidates(self.arch()):
+        try:
+            candidates = opening.candidates(self.arch())
+        except Exception:  # noqa: BLE001  a faster start is not worth a failed command
+            log.warning("the opening's candidates could not be listed; the search starts "
+                        "without them", exc_info=True)
+            candidates = []
+        for family, config in candidates:
             key = (self._key(family, config), problem)
             if key not in self._opening_left:
                 self._opening_left[key] = (family, config, self.pool.submit(family, config))

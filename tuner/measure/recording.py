@@ -494,8 +494,8 @@ def load(path: str | Path) -> Recording:
 
 
 @lru_cache(maxsize=None)
-def _bundled_file(name: str) -> Recording:
-    """One bundled recording, loaded once per process."""
+def bundled_file(name: str) -> Recording:
+    """One bundled recording (its file name), loaded once per process."""
     return load(BUNDLED_RECORDINGS / name)
 
 
@@ -506,14 +506,20 @@ def _bundled_names() -> list[str]:
 def all_bundled() -> tuple[Recording, ...]:
     """Every bundled recording, each loaded once per process (4-7 s for the 145 of them on the
     2-core machine, most of it building the results)."""
-    return tuple(_bundled_file(name) for name in _bundled_names())
+    return tuple(bundled_file(name) for name in _bundled_names())
 
 
 def bundled(gpu_name: str) -> list[Recording]:
     """The bundled recordings made on this GPU model (by its name, as the driver reports it), in
     file-name order; only those are loaded, by MANIFEST.json's word (a file it does not list is
     loaded to see): the H200's 54,136 examples in 1.8 s instead of 3.2 s (2-core)."""
+    return [recording for name in bundled_names(gpu_name)
+            if (recording := bundled_file(name)).gpu.get("name") == gpu_name]
+
+
+def bundled_names(gpu_name: str) -> list[str]:
+    """The file names of the bundled recordings that may be of this GPU model: those
+    MANIFEST.json says are, and any it does not list (``bundled`` loads them to see)."""
     listed = manifest()["recordings"]
-    return [recording for name in _bundled_names()
-            if name not in listed or listed[name].get("gpu") == gpu_name
-            if (recording := _bundled_file(name)).gpu.get("name") == gpu_name]
+    return [name for name in _bundled_names()
+            if name not in listed or listed[name].get("gpu") == gpu_name]

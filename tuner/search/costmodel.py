@@ -334,6 +334,15 @@ def _unit_rows(unit: Unit, examples: Sequence[Example]) -> UnitRows:
     return rows
 
 
+def lay_out(examples: Sequence[Example]) -> int:
+    """Each unit's feature rows (``_unit_rows``) of these examples, kept in this process and on
+    disk for the others; how many units."""
+    units = by_unit(examples)
+    for unit, unit_examples in units.items():
+        _unit_rows(unit, unit_examples)
+    return len(units)
+
+
 TransferKey = tuple[UnitKey, ...]
 _transfers: dict[TransferKey, Transfer] = {}
 _transfers_lock = threading.Lock()  # a study's fit and the next one's, prepared ahead, share it

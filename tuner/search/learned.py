@@ -45,7 +45,7 @@ import kernels
 
 from tuner.problem import Problem
 from tuner.search.costmodel import (FEATURES, TRANSFER_COLUMNS, CostModel, Correction, Example,
-                                    MAX_ITER, Unit, matrix, transfer_of)
+                                    MAX_ITER, Unit, lay_out, matrix, transfer_of)
 from tuner.search.prior import PER_GROUP, Target
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,20 @@ def examples_from_recordings(recordings: Sequence[Any], held_out: HeldOut = noth
                 examples.append(Example(gpu, target, family, dict(config), problem,
                                         float(result.gflops or 0.0) if result.usable else 0.0))
     return examples
+
+
+def lay_out_bundled(gpu: str, name: str) -> int:
+    """In a process the command's start leaves idle (a compile worker): the cost model's feature
+    rows of the units of one bundled recording of ``gpu``, onto the disk cache the command's
+    start-ups then read (``tuner.search.rowcache``), as ``CostModel.add_examples`` lays them
+    out; the units laid out. With a fresh cache the first start-up spent most of its time on
+    them, with the GPU idle (docs/measurement.md, "The command's start and end")."""
+    from tuner.measure.recording import bundled_file
+
+    recording = bundled_file(name)
+    if recording.gpu.get("name") != gpu:
+        return 0
+    return lay_out(examples_from_recordings([recording]))
 
 
 def examples_from_database(database: Any, families: Collection[str],
