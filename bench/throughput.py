@@ -432,9 +432,6 @@ def print_report(result: dict[str, Any]) -> None:
     for name, r in result["background_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}"
               f"{1e3 * r['per_trial_s']:>14.1f}  (beside the main thread)")
-    waited = result["raw"]["seconds"].get(STARTUP_WAIT, 0.0)
-    print(f"(of the rows above, {waited:.2f} s the main thread waited for start-ups prepared "
-          "ahead)")
     print(f"\n{'GPU child':<14}{'total s':>10}{'share':>9}{'per answer ms':>14}")
     for name, r in result["child_phases"].items():
         print(f"{name:<14}{r['seconds']:>10.2f}{r['share']:>9.1%}{1e3 * r['per_trial_s']:>14.1f}")
