@@ -177,8 +177,9 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
     start-ups' process (tuner.search.preparer) started first; while they start CUDA, cuBLAS,
     NVRTC and their imports (1-2 s on the H100 host), this one imports the search and the
     stores (Optuna, SQLAlchemy: 2.5-3.5 s there); then waits for them and loads the GPU
-    model's bundled recordings the model's first fits learn from (docs/measurement.md, "The
-    command's start and end"). The GPU process measures the ``opening`` meanwhile. Returns (evaluator, the
+    model's bundled recordings the model's first fits learn from, their feature rows laid out
+    meanwhile by the idle compile processes (docs/measurement.md, "The command's start and
+    end"). The GPU process measures the ``opening`` from its start. Returns (evaluator, the
     start-ups' process); raises as ``start_live``, everything it started ended then."""
     from tuner.lifetime import kill_pool
     from tuner.search import preparer
