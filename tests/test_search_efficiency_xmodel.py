@@ -154,7 +154,7 @@ def test_the_xmodel_row_starts_from_the_other_models_optimum_of_this_problem(pat
         assert [g.name for g in database.list_gpus()] == [OTHER]
         stored = database.best(OTHER, PROBLEM.m, PROBLEM.n, PROBLEM.k, family=FAMILY, nearest=False)
         assert stored.params == theirs
-        assert warm_start_configs(database, h100.gpu["name"], family, PROBLEM)[0] == theirs
+        assert warm_start_configs(database, h100.gpu["name"], family, PROBLEM, h100.arch)[0] == theirs
 
     # the run: its first measured config is that optimum
     measured: list[dict[str, int]] = []

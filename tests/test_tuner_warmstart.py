@@ -41,7 +41,7 @@ def database(tmp_path):
 def test_a_fresh_study_measures_the_starting_points_first(database):
     family = kernels.get_family("tf32x3")
     problem = Problem(1024, 1024, 1024)
-    assert warm_start_configs(database, "NVIDIA H100 80GB HBM3", family, problem) == \
+    assert warm_start_configs(database, "NVIDIA H100 80GB HBM3", family, problem, "sm_90") == \
         [dict(p) for p in family.starting_points]
 
     evaluator = StandInEvaluator()
@@ -66,7 +66,7 @@ def test_stored_results_come_before_the_starting_points(database):
                       progress=False, warm_start=False)
     tuned = run_study(session, family, Problem(512, 512, 512),
                       Budget(trials=10, timeout_s=None, patience=None))
-    configs = warm_start_configs(database, info["name"], family, Problem(1024, 1024, 1024))
+    configs = warm_start_configs(database, info["name"], family, Problem(1024, 1024, 1024), "sm_90")
     assert configs[0] == tuned.best_config
     points = [dict(p) for p in family.starting_points]
     assert len(configs) == len(points) + (tuned.best_config not in points)
@@ -88,6 +88,28 @@ def test_a_config_stored_before_a_parameter_existed_starts_as_it_ran(database):
     old["config"] = {name: value for name, value in old["config"].items() if name != "ASPLIT"}
     import_pack(pack, database, source="pack-h100-h200.json")
     family = kernels.get_family("wgmma")
-    configs = warm_start_configs(database, "NVIDIA H200", family, Problem(old["m"], old["n"], old["k"]))
+    configs = warm_start_configs(database, "NVIDIA H200", family, Problem(old["m"], old["n"], old["k"]),
+                                 "sm_90")
     assert configs[0] == {**old["config"], "ASPLIT": 0}
     assert family.completed({"ASPLIT": 1, **old["config"]})["ASPLIT"] == 1  # a stored value stays
+
+
+def test_another_gpus_best_this_gpu_cannot_run_is_not_warm_started(database):
+    """An H100's best config for the problem, needing more shared memory per block than an
+    Ampere GPU allows, starts no study on the Ampere GPU (it would be asked and rejected)."""
+    family = kernels.get_family("tf32x3")
+    config = next(c for c in family.accepted_configs("sm_90") if not family.accepts(c, "sm_80"))
+    problem = Problem(1024, 1024, 1024)
+    gpu_id = database.ensure_gpu(db.GpuInfo(name="NVIDIA H100 80GB HBM3", uuid="GPU-h100-test",
+                                            compute_capability="9.0", sm_count=132,
+                                            memory_bytes=80 * 2**30))
+    run_id = database.start_run(
+        gpu_id=gpu_id, problem_id=database.ensure_problem(problem.m, problem.n, problem.k),
+        family_id=database.ensure_family(family.name, family.source_hash), sampler="default",
+        seed=0, budget={}, host="test", command="test", study_name=None)
+    database.add_trial(run_id, db.TrialRecord(number=0, params=config, state="ok",
+                                              gflops=40000.0, time_median_ms=0.05))
+    points = [dict(p) for p in family.starting_points]
+    assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_90") == \
+        [config] + [p for p in points if p != config]
+    assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_80") == points

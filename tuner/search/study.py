@@ -416,7 +416,8 @@ class StudyRun:
         self._learn(changes)
         if session.warm_start and not history:
             with session.phases.timed(STUDY_STORAGE):
-                warm = warm_start_configs(session.database, session.gpu_name, family, problem)
+                warm = warm_start_configs(session.database, session.gpu_name, family, problem,
+                                          self.arch)
             for config in warm:
                 log.info("%s: warm start with %s", self.name, config_text(config))
                 self.study.enqueue_trial(space.params_from_config(family, config),

@@ -17,12 +17,14 @@ MAX_WARM_START = 6
 
 
 def warm_start_configs(
-    database: Any, gpu_name: str, family: Any, problem: Problem, limit: int = MAX_WARM_START
+    database: Any, gpu_name: str, family: Any, problem: Problem, arch: str,
+    limit: int = MAX_WARM_START
 ) -> list[dict[str, int]]:
     """The family's best configs for the nearest tuned problems on this GPU model (closest
     first; the same problem counts too, e.g. tuned with an older source of the family), then
     for the same problem on other GPU models (at most ``limit`` of those), then the family's
-    declared ``starting_points``. Only configs the family still accepts, each once."""
+    declared ``starting_points``. Only configs the family still accepts on this GPU's ``arch``
+    (another model's best may need more shared memory than it has), each once."""
     shape = {"dtype": problem.dtype, "layout": problem.layout,
              "general_alpha_beta": problem.general_alpha_beta}
     found: list[dict[str, int]] = []
@@ -34,7 +36,7 @@ def warm_start_configs(
         if config in found or not space.representable(family, config):
             return
         try:
-            if family.reject_reasons(config):
+            if family.reject_reasons(config, arch):
                 return
         except ValueError:
             return
