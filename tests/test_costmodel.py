@@ -776,3 +776,22 @@ def test_transfer_fill_matches_the_rule_config_by_config_on_the_bundled_recordin
     assert np.array_equal(transfer.fill(x, family_name, configs, problem, target, own=unit),
                           _fill_per_config(transfer, x, family_name, configs, problem, target, own=unit),
                           equal_nan=True)
+
+
+def test_a_fits_key_counts_each_units_examples():
+    """``fit_key``: the seed and each unit's example count, sorted; problems of one shape in
+    two layouts are one unit (a unit names the shape only)."""
+    from collections import Counter
+
+    from tuner.search.learned import examples_from_recordings, fit_key
+
+    recorded = examples_from_recordings([load(BUNDLED_RECORDINGS / "h100-pipelined-1023x1025x999.json.gz"),
+                                         load(BUNDLED_RECORDINGS / "h200-tf32x3-256x256x16384.json.gz")])
+    first = recorded[0]
+    transposed = Example(first.gpu, first.target, first.family, first.config,
+                         Problem(first.problem.m, first.problem.n, first.problem.k, layout="nt"), 1.0)
+    examples = recorded + [transposed]
+    seed, counts = fit_key(3, examples)
+    assert counts == tuple(sorted(Counter(e.unit for e in examples).items()))
+    assert dict(counts)[first.unit] == sum(e.unit == first.unit for e in recorded) + 1
+    assert seed == CostModel(3).seed
