@@ -795,3 +795,13 @@ def test_a_fits_key_counts_each_units_examples():
     assert counts == tuple(sorted(Counter(e.unit for e in examples).items()))
     assert dict(counts)[first.unit] == sum(e.unit == first.unit for e in recorded) + 1
     assert seed == CostModel(3).seed
+
+
+@pytest.mark.parametrize("names", [[], ["BM"], ["BM", "BN", "STAGES"]])
+def test_the_samplers_index_keys_are_each_configs_key(names):
+    from tuner.search import space
+    from tuner.search.learned import _key, _keys
+
+    family = kernels.get_family("tf32x3")
+    positions = space.params_from_configs(family, family.sample_accepted(50, seed=1))
+    assert _keys(positions, names) == [_key(p, names) for p in positions]
