@@ -37,10 +37,7 @@ def refusal(family: str, config: Mapping[str, int], arch: str) -> str | None:
     fam = kernels.FAMILIES.get(family)
     if fam is None:
         return f"family {family!r} is not installed"
-    try:
-        reasons = fam.reject_reasons(dict(config), arch)
-    except kernels.ConfigError as exc:
-        reasons = [str(exc)]
+    reasons = fam.refusals(dict(config), arch)
     return f"{family} refuses the stored config on {arch}: {'; '.join(reasons)}" if reasons else None
 
 

@@ -325,6 +325,14 @@ class Family:
     def accepts(self, c: Config, arch: str = "sm_90") -> bool:
         return not self.reject_reasons(c, arch)
 
+    def refusals(self, c: Config, arch: str = "sm_90") -> list[str]:
+        """``reject_reasons`` of a config stored or declared elsewhere, where a value this
+        version does not offer is one more reason instead of a ConfigError."""
+        try:
+            return self.reject_reasons(c, arch)
+        except ConfigError as error:
+            return [str(error)]
+
     def space_size(self) -> int:
         size = 1
         for p in self.params:

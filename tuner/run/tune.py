@@ -158,18 +158,9 @@ def opening(options: Options) -> Any:
             return []
         family = kernels.bind(first, problem.layout, problem.batch)
         return [(family, dict(config)) for config in first.starting_points
-                if _accepted(first, dict(config), arch)]
+                if not first.refusals(dict(config), arch)]
 
     return Opening(problem, candidates)
-
-
-def _accepted(family: Any, config: dict[str, int], arch: str) -> bool:
-    import kernels
-
-    try:
-        return family.accepts(config, arch)
-    except kernels.ConfigError:  # a declared point the family no longer names: not measured
-        return False
 
 
 def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]:
@@ -191,7 +182,6 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
         process = preparer.start()
         with evaluator.phases.timed(START_IMPORTS):
             import tuner.run.session  # noqa: F401
-            from tuner.measure.recording import bundled
 
             configure_logging(options.verbose)  # after Optuna's import, which sets its level
             if options.search.sampler in LEARNING:
@@ -199,10 +189,10 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
         with evaluator.phases.timed(START_WAIT):
             evaluator.wait_started()
         if options.search.sampler in LEARNING:
-            gpu = evaluator.info()["name"]
-            from tuner.measure.recording import bundled_names
+            from tuner.measure.recording import bundled, bundled_names
             from tuner.search.learned import lay_out_bundled
 
+            gpu = evaluator.info()["name"]
             for name in bundled_names(gpu):  # the first start-up reads their rows from disk
                 evaluator.pool.run(lay_out_bundled, gpu, name)
             with evaluator.phases.timed(START_IMPORTS):

@@ -33,12 +33,8 @@ def warm_start_configs(
         if result is None:
             return
         config = family.completed(result.params)  # stored before a parameter was added: as it ran
-        if config in found or not space.representable(family, config):
-            return
-        try:
-            if family.reject_reasons(config, arch):
-                return
-        except ValueError:
+        if config in found or not space.representable(family, config) \
+                or family.refusals(config, arch):
             return
         found.append(config)
 
