@@ -85,12 +85,28 @@ __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
     small = x - big;
 }
 
+// This thread's share of a grid-stride walk over `rows` rows of `quads` quads each: body(r, q).
+// One division per thread at the start, then the stride's quotient and remainder added: a 64-bit
+// division per quad made the pre-pass instruction-bound (docs/kernels.md, "wgmma's pre-pass").
+template <typename Body>
+__device__ __forceinline__ void walk_quads(int rows, int quads, Body body) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int dr = (int)(step / quads), dq = (int)(step % quads);
+    int r = (int)(first / quads), q = (int)(first % quads);
+    while (r < rows) {
+        body(r, q);
+        r += dr, q += dq;
+        if (q >= quads) q -= quads, ++r;
+    }
+}
+
 // The pre-pass, one batch entry per blockIdx.y: A -> [big | small] (zero-padded to Kp), and B ->
-// aligned copy where TMA cannot read B in place. Grid-stride loops; four consecutive k per
-// thread, stored as float4. A transposed A (stored K x M) goes through a 32 x 32 shared tile, so
-// that its reads (along m) and its float4 stores (along k) are both coalesced; read and split
-// in one pass, its stores strode by Kp and the pre-pass took as long as the GEMM (docs/kernels.md,
-// "The transposed A's pre-pass").
+// aligned copy where TMA cannot read B in place. Grid-stride walks over quads: four consecutive
+// k (or n) per thread, loaded as a float4 where the operand is aligned and stored as float4. A
+// transposed A (stored K x M) goes through a 32 x 32 shared tile, so that its reads (along m) and
+// its float4 stores (along k) are both coalesced; read and split in one pass, its stores strode
+// by Kp and the pre-pass took as long as the GEMM (docs/kernels.md, "The transposed A's pre-pass").
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const int batch = gridDim.y;
     const int Kp = padded4(K);
@@ -100,7 +116,6 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
     const float* __restrict__ Bb = B + entry * stride_b;
     float4* big = reinterpret_cast<float4*>(workspace + ws_a_offset(M, N, splits, batch)) + entry * 2 * quads;
     float4* small = big + quads;
-    const long long step = (long long)gridDim.x * blockDim.x;
 #if TA
     __shared__ float tile[32][33];  // [k][m], padded: both passes are free of bank conflicts
     const int m_tiles = (M + 31) / 32;
@@ -126,28 +141,40 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
         __syncthreads();
     }
 #else
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-         i < quads && !a_split_in_kernel(A, lda, stride_a, batch); i += step) {
-        const int m = (int)(i / (Kp / 4)), k = (int)(i % (Kp / 4)) * 4;
-        float x[4];
+    if (!a_split_in_kernel(A, lda, stride_a, batch)) {
+        const bool vec = aligned16(Ab) && (lda & 3) == 0;
+        walk_quads(M, Kp / 4, [&](int m, int q) {
+            const int k = 4 * q;
+            const float* src = Ab + (size_t)m * lda + k;
+            float x[4];
+            if (vec && k + 4 <= K) {
+                const float4 v = *reinterpret_cast<const float4*>(src);
+                x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+            } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = k + j < K ? Ab[(size_t)m * lda + k + j] : 0.0f;
-        float b4[4], s4[4];
+                for (int j = 0; j < 4; ++j) x[j] = k + j < K ? src[j] : 0.0f;
+            }
+            float b4[4], s4[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) split_rn(x[j], b4[j], s4[j]);
-        big[i] = make_float4(b4[0], b4[1], b4[2], b4[3]);
-        small[i] = make_float4(s4[0], s4[1], s4[2], s4[3]);
+            for (int j = 0; j < 4; ++j) split_rn(x[j], b4[j], s4[j]);
+            const long long i = (long long)m * (Kp / 4) + q;
+            big[i] = make_float4(b4[0], b4[1], b4[2], b4[3]);
+            small[i] = make_float4(s4[0], s4[1], s4[2], s4[3]);
+        });
     }
 #endif
     if (!tma_ready(B, ldb, stride_b, batch)) {
         // the stored matrix's rows (k for row-major B, n for a transposed one), padded to 4
         const int rows = TB ? N : K, cols = TB ? K : N, cols_p = padded4(cols);
-        const long long total = (long long)rows * cols_p;
-        float* wb = workspace + ws_b_offset(M, N, K, splits, batch) + entry * total;
-        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += step) {
-            const int r = (int)(i / cols_p), c = (int)(i % cols_p);
-            wb[i] = c < cols ? Bb[(size_t)r * ldb + c] : 0.0f;
-        }
+        float4* wb = reinterpret_cast<float4*>(workspace + ws_b_offset(M, N, K, splits, batch)) +
+                     entry * rows * (cols_p / 4);
+        walk_quads(rows, cols_p / 4, [&](int r, int q) {
+            const float* src = Bb + (size_t)r * ldb + 4 * q;
+            float x[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[j] = 4 * q + j < cols ? src[j] : 0.0f;
+            wb[(long long)r * (cols_p / 4) + q] = make_float4(x[0], x[1], x[2], x[3]);
+        });
     }
 }
 

@@ -118,7 +118,7 @@ class Wgmma(HopperFamily):
                                offset=b_offset)
             b_map = TensorMap("b", dims=(n, k, batch), box=(32, c["BK"], 1), fallback=b_copy)
         main = dataclasses.replace(gemm_launches[0], tensor_maps=(a_maps, b_map))
-        work = max(m * kp // 4, b_copy_floats(layout, n, k))
+        work = max(m * kp, b_copy_floats(layout, n, k)) // 4  # quads
         # one batch entry per blockIdx.y; the pre-pass finds A's workspace slot past the partials
         pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), batch, 1),
                       (PACK_THREADS, 1, 1), 0, **self.launch_values(c))
