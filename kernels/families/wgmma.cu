@@ -12,8 +12,8 @@
 // part must therefore exist in shared memory: a pre-pass (gemm_pack) writes A's big and small
 // parts to the workspace as [2][M][Kp] (Kp = K rounded up to 4, zero-padded), which also makes
 // them 16-byte aligned for TMA whatever A's pointer and lda (with ASPLIT = 1 and A aligned, TMA
-// reads A as it is and the consumers split it in shared memory instead: one pass over A, which
-// pays where N or M*N is small). B is read by TMA where it and ldb are 16-byte aligned, else
+// reads A as it is and the producer warpgroup's idle warps split it in shared memory instead: one
+// pass over A). B is read by TMA where it and ldb are 16-byte aligned, else
 // from an aligned copy the pre-pass makes.
 //
 // Layouts: a transposed A (TA) is not K-major, so the pre-pass always packs it (ASPLIT does not
@@ -36,6 +36,7 @@
 #define BT_BOX_BYTES (BN * 128)                // TB: BN rows x 32 floats (k) of B
 #define B_STAGE_BYTES ((BN / 32) * B_BOX_BYTES)
 #define STAGE_BYTES (A_STAGE_BYTES + B_STAGE_BYTES)
+#define SPLITTER_WARPS 3                       // the producer warpgroup's warps 1-3 (ASPLIT)
 #if WGS == 1
 #define CONSUMER_REGS 0                        // 256 threads: the entry cap (255) is already enough
 #elif WGS == 2
@@ -180,15 +181,35 @@ extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
 
 #include "hopper.cuh"
 
+// ASPLIT's split in shared memory: chunk i (16 bytes) of a stage's A is at a_chunk(stage, i) in the
+// big slot; split_in_place writes its big part there and its small part at the same place of the
+// small slot (both slots share one swizzled layout, so the byte offset is the element's place).
+__device__ __forceinline__ unsigned a_chunk(unsigned stage, int i) {
+    return stage + (i / (BM * 8)) * A_ATOM_BYTES + (i % (BM * 8)) * 16;
+}
+__device__ __forceinline__ void lds4(unsigned at, float (&x)[4]) {
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(at));
+}
+__device__ __forceinline__ void split_in_place(unsigned big_at, const float (&x)[4]) {
+    float b[4], r[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) split_rn(x[j], b[j], r[j]);
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(big_at), "f"(b[0]), "f"(b[1]), "f"(b[2]), "f"(b[3])
+                 : "memory");
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(big_at + KATOMS * A_ATOM_BYTES), "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3]) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB) {
     extern __shared__ unsigned char smem_raw[];
     // Swizzled tiles must sit on 1024-byte boundaries: align the window (1 KiB of slack requested).
     const unsigned raw = smem_addr(smem_raw);
     const unsigned base = (raw + 1023) & ~1023u;
-    const unsigned bars = base + STAGES * STAGE_BYTES;  // full[STAGES], then empty[STAGES]
+    const unsigned bars = base + STAGES * STAGE_BYTES;  // full[STAGES], empty[STAGES], split_done[STAGES]
 #define FULL(s) (bars + 8 * (s))
 #define EMPTY(s) (bars + 8 * (STAGES + (s)))
+#define SPLIT_DONE(s) (bars + 8 * (2 * STAGES + (s)))  // A split in shared memory (a_raw only)
 
     const int batch = BATCHED ? gridDim.z / SLICES : 1;
     const int entry = (int)BATCH_ENTRY;
@@ -207,6 +228,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FULL(s), 1);
             mbar_init(EMPTY(s), WGS * 4);  // one arrival per consumer warp
+            mbar_init(SPLIT_DONE(s), SPLITTER_WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -231,7 +253,7 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                 const int k0 = (kt_begin + kt) * BK;
 #pragma unroll
                 for (int atom = 0; atom < KATOMS; ++atom) {
-                    if (a_raw) {  // A as it is, into the big slot; the consumers split it there
+                    if (a_raw) {  // A as it is, into the big slot; the producer's other warps split it there
                         tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, entry, FULL(stage));
                     } else {
                         tma_load_3d(st + atom * A_ATOM_BYTES, &tmA, k0 + 32 * atom, m0, 2 * entry, FULL(stage));
@@ -248,6 +270,36 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
                 for (int box = 0; box < BN / 32; ++box)
                     tma_load_3d(st + A_STAGE_BYTES + box * B_BOX_BYTES, &tmB, n0 + 32 * box, k0, entry, FULL(stage));
 #endif
+                if (++stage == STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        } else if (a_raw && threadIdx.x >= 32) {
+            // The producer's other warps split A in shared memory as each stage lands: big slot <-
+            // round-to-nearest TF32 of A, small slot <- the rest. Done by the consumers, it kept
+            // the tensor cores idle and tied the consumer warpgroups together at a barrier per
+            // stage (docs/kernels.md, "ASPLIT: A split in shared memory").
+            int stage = 0;
+            unsigned phase = 0;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                mbar_wait(FULL(stage), phase);
+                const unsigned st = base + stage * STAGE_BYTES;
+                // two 16-byte chunks a turn, both loads issued before either is split
+                constexpr int CHUNKS = KATOMS * BM * 8, STRIDE = 32 * SPLITTER_WARPS;
+                for (int i = threadIdx.x - 32; i < CHUNKS; i += 2 * STRIDE) {
+                    const bool second = i + STRIDE < CHUNKS;
+                    const unsigned at0 = a_chunk(st, i), at1 = a_chunk(st, second ? i + STRIDE : i);
+                    float x0[4], x1[4];
+                    lds4(at0, x0);
+                    lds4(at1, x1);
+                    split_in_place(at0, x0);
+                    if (second) split_in_place(at1, x1);
+                }
+                // Ordinary stores that the tensor cores read next: proxy fence, then the arrival.
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                __syncwarp();
+                if (threadIdx.x % 32 == 0) mbar_arrive(SPLIT_DONE(stage));
                 if (++stage == STAGES) {
                     stage = 0;
                     phase ^= 1;
@@ -273,27 +325,8 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
     unsigned phase = 0;
     for (int kt = 0; kt < k_tiles; ++kt) {
         mbar_wait(FULL(stage), phase);
+        if (a_raw) mbar_wait(SPLIT_DONE(stage), phase);
         const unsigned st = base + stage * STAGE_BYTES;
-        if (a_raw) {
-            // big slot <- round-to-nearest TF32 of A, small slot <- the rest, 16 bytes at a time:
-            // both slots share one swizzled layout, so the byte offset is the element's place.
-            for (int i = threadIdx.x - 128; i < KATOMS * BM * 8; i += 128 * WGS) {
-                const unsigned big_at = st + (i / (BM * 8)) * A_ATOM_BYTES + (i % (BM * 8)) * 16;
-                float x[4], b[4], r[4];
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(big_at));
-#pragma unroll
-                for (int j = 0; j < 4; ++j) split_rn(x[j], b[j], r[j]);
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                             ::"r"(big_at), "f"(b[0]), "f"(b[1]), "f"(b[2]), "f"(b[3]) : "memory");
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
-                             ::"r"(big_at + KATOMS * A_ATOM_BYTES), "f"(r[0]), "f"(r[1]), "f"(r[2]), "f"(r[3])
-                             : "memory");
-            }
-            // Ordinary stores that the tensor cores read next: proxy fence, then all consumers meet.
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            asm volatile("bar.sync 1, %0;\n" ::"n"(128 * WGS) : "memory");
-        }
 #pragma unroll
         for (int atom = 0; atom < KATOMS; ++atom) {
             // Register operand: B^T fragments (m16n8k8 A layout per warp: rows g / g+8, k t / t+4).
@@ -370,4 +403,5 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
         }
 #undef FULL
 #undef EMPTY
+#undef SPLIT_DONE
 }

@@ -73,7 +73,7 @@ class Wgmma(HopperFamily):
         SPLITK,
         RASTER,
         Param("ASPLIT", (0, 1), "A split by the pre-pass (0) or, where A is 16-byte aligned, in shared "
-                                "memory by the consumers (1)", before=0),
+                                "memory by the producer warpgroup's idle warps (1)", before=0),
     )
     constraints = (
         Constraint("accumulators and fragments (MW*(BM+32) + 32 registers) must fit the consumer's "
@@ -89,11 +89,15 @@ class Wgmma(HopperFamily):
         dict(zip(("BM", "BK", "WGS", "MW", "STAGES", "FLUSH", "SPLITK", "RASTER", "ASPLIT"), values))
         for values in ((128, 64, 2, 1, 2, 4, 1, 8, 0), (96, 32, 2, 1, 3, 4, 1, 8, 0), (96, 64, 2, 1, 2, 4, 1, 8, 0),
                        (64, 64, 2, 1, 2, 4, 1, 8, 0), (64, 32, 3, 1, 3, 4, 1, 8, 0), (128, 32, 2, 1, 4, 4, 4, 8, 0),
-                       (64, 32, 2, 1, 3, 4, 4, 8, 0), (64, 32, 2, 1, 6, 4, 16, 4, 0), (128, 64, 2, 1, 2, 4, 1, 8, 1))
+                       (64, 32, 2, 1, 3, 4, 4, 8, 0), (64, 32, 2, 1, 6, 4, 16, 4, 1), (128, 64, 2, 1, 2, 4, 1, 8, 1))
     )
 
     def stage_bytes(self, c: Config) -> int:
         return stage_bytes(c)
+
+    def shared_bytes(self, c: Config) -> int:
+        # a third mbarrier per stage: A split in shared memory (wgmma.cu's SPLIT_DONE)
+        return super().shared_bytes(c) + 8 * c["STAGES"]
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return c["BM"], block_n(c)
