@@ -76,7 +76,8 @@ def test_launch_plan_and_workspace_layout(shape, splitk):
 def test_shared_memory_fits_stages_barriers_and_alignment_slack():
     config = dict(BM=128, BK=32, WGS=2, MW=1, STAGES=4, FLUSH=4, SPLITK=1, RASTER=1, ASPLIT=0)
     stage = 2 * 128 * 32 * 4 + 32 * 128 * 4
-    assert FAMILY.shared_bytes(config) == 4 * stage + 1024 + 24 * 4  # three mbarriers per stage
+    assert FAMILY.shared_bytes(config) == 4 * stage + 1024 + 16 * 4  # two mbarriers per stage
+    assert FAMILY.shared_bytes(dict(config, ASPLIT=1)) == 4 * stage + 1024 + 24 * 4  # and one for the split
 
 
 def test_asplit_reads_a_in_place_with_the_packed_view_as_fallback():

@@ -89,12 +89,13 @@ __device__ __forceinline__ void split_rn(float x, float& big, float& small) {
 // This thread's share of a grid-stride walk over `rows` rows of `quads` quads each: body(r, q).
 // One division per thread at the start, then the stride's quotient and remainder added: a 64-bit
 // division per quad made the pre-pass instruction-bound (docs/kernels.md, "wgmma's pre-pass").
+// The grid is at most PACK_MAX_BLOCKS x 256 threads (wgmma.py), so ints hold every index.
 template <typename Body>
 __device__ __forceinline__ void walk_quads(int rows, int quads, Body body) {
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const int dr = (int)(step / quads), dq = (int)(step % quads);
-    int r = (int)(first / quads), q = (int)(first % quads);
+    const int step = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x;
+    if (first >= (long long)rows * quads) return;  // the grid is sized for the larger operand
+    const int dr = step / quads, dq = step % quads;
+    int r = first / quads, q = first % quads;
     while (r < rows) {
         body(r, q);
         r += dr, q += dq;
@@ -228,7 +229,9 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FULL(s), 1);
             mbar_init(EMPTY(s), WGS * 4);  // one arrival per consumer warp
+#if ASPLIT
             mbar_init(SPLIT_DONE(s), SPLITTER_WARPS);
+#endif
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }

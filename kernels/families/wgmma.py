@@ -96,8 +96,8 @@ class Wgmma(HopperFamily):
         return stage_bytes(c)
 
     def shared_bytes(self, c: Config) -> int:
-        # a third mbarrier per stage: A split in shared memory (wgmma.cu's SPLIT_DONE)
-        return super().shared_bytes(c) + 8 * c["STAGES"]
+        # ASPLIT: a third mbarrier per stage, A split in shared memory (wgmma.cu's SPLIT_DONE)
+        return super().shared_bytes(c) + 8 * c["STAGES"] * c["ASPLIT"]
 
     def tiles(self, c: Config, m: int, n: int) -> tuple[int, int]:
         return c["BM"], block_n(c)
