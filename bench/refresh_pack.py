@@ -8,7 +8,8 @@ the results database (when the database holds none of its runs yet), then, for e
 this GPU's model tuned with another source version, runs the tuner's own command for that
 family and shape with one measured trial (`python -m tuner --trials 1`): its warm start puts
 the same shape's stored best, the pack's config, first. Run it on one host per GPU model
-against the same database, then `--out` writes the pack of everything installed that it holds.
+against the same database, then `--out` writes the pack of everything installed that it holds,
+with the entries of GPU models no host re-measured kept as they were (awaiting one).
 A refresh cut short resumes: entries the database already holds re-measured are not run again.
 """
 from __future__ import annotations
@@ -93,9 +94,26 @@ def main(argv: list[str] | None = None) -> int:
             return 1  # the pack would name a config that was not measured as the pack's
     if args.out:
         with db.open_database(args.db) as database:
-            write_pack(build_pack(database), args.out)
+            write_pack(with_others_kept(pack, build_pack(database), model), args.out)
         print(f"wrote {args.out}")
     return 0
+
+
+def entry_key(e: dict) -> tuple:
+    """What a pack holds one entry of (build_pack's key), in its order."""
+    return e["gpu"], e["m"], e["n"], e["k"], e.get("layout", "nn"), e.get("batch", 1), e["precision"]
+
+
+def with_others_kept(old: dict, new: dict, model: str) -> dict:
+    """``new`` (the database's pack of installed versions) plus the entries of ``old`` of the
+    GPU models not refreshed here that ``new`` lacks, with their boards' records: entries of
+    another source version awaiting a host of their model stay in the pack, as they were,
+    instead of leaving it when only one model's host is lent."""
+    have = {entry_key(e) for e in new["entries"]}
+    kept = [e for e in old["entries"] if e["gpu"] != model and entry_key(e) not in have]
+    gpus = {**{e["gpu_uuid"]: old["gpus"][e["gpu_uuid"]] for e in kept}, **new["gpus"]}
+    return {**new, "entries": sorted([*new["entries"], *kept], key=entry_key),
+            "gpus": dict(sorted(gpus.items(), key=lambda kv: (kv[1]["name"], kv[0])))}
 
 
 if __name__ == "__main__":

@@ -70,3 +70,26 @@ def test_an_imported_pack_is_found_behind_more_than_a_page_of_runs(tmp_path: Pat
                                command="python -m tuner", study_name=None)
         assert all(r.sampler != "pack" for r in database.list_runs())  # the first page
         assert refresh.pack_imported(database)
+
+
+def test_a_refresh_on_one_model_keeps_the_other_models_entries_as_they_were() -> None:
+    """Only one model's host lent: its entries come back re-measured, the other model's stale
+    entries stay in the written pack (awaiting their host), each key once."""
+    from bench_support import bench_module
+
+    refresh = bench_module("refresh_pack")
+    config = {"BM": 32}
+    old = _pack(config)
+    other = {**old["gpus"]["GPU-old-board"], "name": "Other GPU", "uuid": "GPU-other"}
+    stale = {**old["entries"][0], "gpu": "Other GPU", "gpu_uuid": "GPU-other"}
+    also_rebuilt = {**stale, "m": 128}
+    old["entries"] += [stale, also_rebuilt]
+    old["gpus"]["GPU-other"] = other
+    fresh = {**old["entries"][0], "source_hash": "1" * 64, "gflops": 3.0}
+    new = {**old, "entries": [fresh, {**also_rebuilt, "source_hash": "1" * 64}],
+           "gpus": {"GPU-old-board": old["gpus"]["GPU-old-board"]}}
+    out = refresh.with_others_kept(old, new, STANDIN)
+    assert out["entries"] == [stale, {**also_rebuilt, "source_hash": "1" * 64}, fresh]  # sorted by GPU, then shape
+    assert set(out["gpus"]) == {"GPU-old-board", "GPU-other"}
+    # refreshed on the other model instead: its own stale entries are not kept beside the new
+    assert refresh.with_others_kept(old, new, "Other GPU")["entries"] == [new["entries"][1], fresh]
