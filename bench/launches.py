@@ -8,13 +8,15 @@ Per shape: random normal operands (CuPy), the whole sequence run once (so that e
 what the ones before it wrote) and checked against float64 (a result past the tolerance is
 marked WRONG and the exit status is 1), then each launch alone and the whole
 sequence, every timing after an L2 flush, with CUDA events: the median of --repeats, and the SM
-clock (NVML) read after each. Bytes per launch are not known generically, so the table gives µs
+clock (NVML) read after each. Where launches overlap the one before them (Launch.follows), the
+sequence is also timed with each launch waiting for the previous one to end ("serial"). Bytes per launch are not known generically, so the table gives µs
 and each launch's share of the sequence. Writes JSON (default bench/results/launches-<gpu>-<family>.json).
 To compare two trees, run each tree's copy of this script in turn (it imports the tree it sits in).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -76,11 +78,17 @@ def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int
     rows = []
     for launch in made.launches:
         alone = runtime.Plan(made.kernel, [launch], made.workspace_bytes, made.dims)
-        rows.append({"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block), **timed(alone)})
+        rows.append({"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
+                     "follows": launch.follows, **timed(alone)})
     whole = timed(made)
+    # the same sequence with each launch waiting for the one before it to end: what overlapping
+    # them (Launch.follows) buys, in the same process
+    serial = runtime.Plan(made.kernel, [dataclasses.replace(launch, follows=False) for launch in made.launches],
+                          made.workspace_bytes, made.dims)
     flops = fam.flops(m, n, k)
     return {"shape": [m, n, k], "layout": layout, "relative_error": error, "correct": error <= tolerance(k),
-            "launches": rows, "whole": whole, "tflops": flops / (whole["us_median"] * 1e-6) / 1e12}
+            "launches": rows, "whole": whole, "whole_serial": timed(serial),
+            "tflops": flops / (whole["us_median"] * 1e-6) / 1e12}
 
 
 def table(results: list[dict[str, Any]]) -> list[str]:
@@ -94,6 +102,10 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{name:>16} {'(sequence)':>12} {'':>16} {total:9.1f} {'':>6} {r['whole']['sm_clock_mhz'] or '?':>7}"
                      f"  {r['tflops']:.1f} TFLOP/s, error {r['relative_error']:.2e}"
                      + ("" if r["correct"] else " WRONG: above the float64 check's tolerance"))
+        if any(row.get("follows") for row in r["launches"]):
+            serial = r["whole_serial"]
+            lines.append(f"{name:>16} {'(serial)':>12} {'':>16} {serial['us_median']:9.1f} {'':>6} "
+                         f"{serial['sm_clock_mhz'] or '?':>7}  each launch starting after the one before it ends")
     return lines
 
 

@@ -120,6 +120,24 @@ _PARAM_TYPES = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes
                 ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_int, ctypes.c_int)
 
 
+def _driver_config(launch: Launch, stream: Any) -> Any:
+    """cuLaunchKernelEx's configuration of one launch (cuda.bindings' types)."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = launch.grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = launch.block
+    config.sharedMemBytes = launch.shared_bytes
+    config.hStream = stream if isinstance(stream, driver.CUstream) else driver.CUstream(int(stream))
+    if launch.follows:
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attribute]
+        config.numAttrs = 1
+    return config
+
+
 class LoadedKernel:
     """A family's CUBIN loaded into the current context, ready to run its launch sequence."""
 
@@ -163,9 +181,8 @@ class LoadedKernel:
                 operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
                 maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
                 params = (params[0] + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
-            check(driver.cuLaunchKernel(self.functions[launch.kernel], *launch.grid, *launch.block,
-                                        launch.shared_bytes, stream, params, 0),
-                  f"cuLaunchKernel({launch.kernel})")
+            check(driver.cuLaunchKernelEx(_driver_config(launch, stream), self.functions[launch.kernel], params, 0),
+                  f"cuLaunchKernelEx({launch.kernel})")
 
     def name_of(self, handle: int) -> str:
         return next((name for name, fn in self.functions.items() if int(fn) == handle), "?")
@@ -235,17 +252,43 @@ def _stream_handle(stream: Any) -> int:
 
 
 _LIBCUDA: Any = None
+# cuda.h's CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: an id, padded to 8 bytes, then a 64-byte union of values (here
+    the one int programmatic stream serialization reads)."""
+    _fields_ = [("id", ctypes.c_int), ("_pad", ctypes.c_int), ("value", ctypes.c_int), ("_rest", ctypes.c_int),
+                ("_union_rest", ctypes.c_longlong * 7)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+def _ctypes_config(launch: Launch) -> _LaunchConfig:
+    """A launch's CUlaunchConfig for the ctypes path (its stream is set per call)."""
+    config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*launch.grid), block=(ctypes.c_uint * 3)(*launch.block),
+                           shared_bytes=launch.shared_bytes)
+    if launch.follows:
+        config.attrs = ctypes.pointer(_LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1))
+        config.num_attrs = 1
+    return config
 
 
 def _libcuda() -> Any:
-    """libcuda's cuLaunchKernel through ctypes: the launch path of a Plan, where cuda-python's
+    """libcuda's cuLaunchKernelEx through ctypes: the launch path of a Plan, where cuda-python's
     argument conversion would cost more than the launch itself."""
     global _LIBCUDA
     if _LIBCUDA is None:
         lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
+        fn = lib.cuLaunchKernelEx
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.cuCtxSetCurrent.restype = ctypes.c_int
         lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         _LIBCUDA = lib
@@ -273,8 +316,9 @@ class Plan:
         most = max(len(launch.tensor_maps) for launch in self.launches)
         self._params = (ctypes.c_void_p * (len(_PARAM_TYPES) + most))(
             *[ctypes.addressof(x) for x in self._args], *([None] * most))
-        self._calls = [(int(kernel.functions[launch.kernel]), *launch.grid, *launch.block, launch.shared_bytes,
-                        launch.splits, launch.raster, launch.tensor_maps) for launch in self.launches]
+        # the configurations stay referenced here: a launch reads its attributes through a pointer
+        self._calls = [(int(kernel.functions[launch.kernel]), _ctypes_config(launch), launch.splits, launch.raster,
+                        launch.tensor_maps) for launch in self.launches]
 
     def run(self, a: int, lda: int, b: int, ldb: int, c: int, ldc: int, alpha: float = 1.0, beta: float = 0.0,
             *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,
@@ -283,7 +327,7 @@ class Plan:
         `stream`; workspace: at least ``workspace_bytes`` of device memory (when > 0). Makes the
         plan's device context current on the calling thread (whatever thread that is)."""
         lib = _libcuda()
-        launch = lib.cuLaunchKernel
+        launch = lib.cuLaunchKernelEx
         args = self._args
         if self._context is not None:
             lib.cuCtxSetCurrent(self._context)
@@ -298,7 +342,7 @@ class Plan:
                 for i, v in ((5, lda), (7, ldb), (10, ldc), (12, bias), (13, strides[0]), (14, strides[1]),
                              (15, strides[2])):
                     args[i].value = v
-            for fn, gx, gy, gz, bx, by, bz, shared, splits, raster, maps in self._calls:
+            for fn, config, splits, raster, maps in self._calls:
                 args[16].value, args[17].value = splits, raster
                 held = []  # the encoded maps stay referenced until the launch has copied them
                 if maps:
@@ -306,11 +350,12 @@ class Plan:
                     for j, tm in enumerate(maps):
                         held.append(self.kernel._tensor_map(tm, operands, workspace))
                         self._params[len(_PARAM_TYPES) + j] = held[-1].getPtr()
-                err = launch(fn, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
+                config.stream = stream
+                err = launch(config, fn, self._params, None)
                 if err:
                     from cuda.bindings import driver
 
-                    raise CudaError(f"cuLaunchKernel({self.kernel.name_of(fn)})", driver.CUresult(err))
+                    raise CudaError(f"cuLaunchKernelEx({self.kernel.name_of(fn)})", driver.CUresult(err))
 
 
 _LOADED: dict[tuple, LoadedKernel] = {}

@@ -118,6 +118,9 @@ class Launch:
     tensor_maps: tuple[TensorMap, ...] = ()
     splits: int = 1  # the kernel's `splits` and `raster` arguments (Family.launch_values)
     raster: int = 1
+    # The kernel waits in-kernel for the kernel before it (common.cuh's follow_previous_grid), so
+    # it is launched to start while that one still runs (programmatic dependent launch, sm_90).
+    follows: bool = False
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
@@ -190,6 +193,9 @@ class Family:
     # asked for on another one is rejected with this family's reason.
     architectures: tuple[str, ...] | None = None
     architecture_reason = ""
+    # Every kernel of the family's sequence waits for its predecessor in-kernel (Launch.follows):
+    # only families that run on sm_90 alone, where the wait exists.
+    follows_previous = False
 
     @property
     def summation_params(self) -> tuple[str, ...]:
@@ -238,12 +244,12 @@ class Family:
             raise ValueError(f"batch {batch} x {values['splits']} split-K slices exceeds one launch's "
                              f"{MAX_BATCH_GRID} grid z-blocks; launch the batch in parts")
         main = Launch(self.kernel_name, (blocks, 1, batch * values["splits"]), (self.threads(c), 1, 1),
-                      self.shared_bytes(c), **values)
+                      self.shared_bytes(c), follows=self.follows_previous, **values)
         if values["splits"] == 1:
             return [main]
         reduce_threads = 256
         return [main, Launch("gemm_splitk_reduce", (div_up(m * n, reduce_threads), batch, 1), (reduce_threads, 1, 1),
-                             0, **values)]
+                             0, follows=self.follows_previous, **values)]
 
     def main_launch(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> Launch:
         """The GEMM kernel's own launch (occupancy and resources describe it), wherever it runs

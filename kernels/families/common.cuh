@@ -102,6 +102,20 @@ __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with it (Launch.follows) may start
+// while the kernel before it in the stream still runs, hiding the gap between the two. It must
+// call this before touching global memory: it waits until that kernel has ended and its writes
+// are visible, then lets the next kernel start early the same way. Letting it start only after
+// this wait, never before, means no kernel overlaps more than the one it follows (a pre-pass of
+// the next call never rewrites a workspace a GEMM still reads). Without the launch attribute
+// both instructions do nothing (docs/kernels.md, "Launches that overlap their predecessor").
+__device__ __forceinline__ void follow_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The sum of S partials of one output, S a constant: its loads are unrolled (in flight together).
 template <int S>
 __device__ __forceinline__ float sum_slices(const float* __restrict__ w, long long mn, long long idx) {
@@ -115,6 +129,7 @@ __device__ __forceinline__ float sum_slices(const float* __restrict__ w, long lo
 // as every kernel so that one launcher serves all families; its grid is (M*N / threads, batch).
 #if SPLIT
 extern "C" __global__ void gemm_splitk_reduce(GEMM_ARGS) {
+    follow_previous_grid();
     const long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long mn = (long long)M * N;
     if (at >= mn) return;

@@ -96,6 +96,7 @@ __device__ __forceinline__ bool row_fits_fp16(unsigned top, unsigned bottom) {
 // 256-thread blocks with a loop over rows measured at half of it (docs/kernels.md, "f16x3: the passes").
 #define SCALE_THREADS 1024
 extern "C" __global__ void __launch_bounds__(SCALE_THREADS, 2) gemm_scale(GEMM_ARGS) {
+    follow_previous_grid();
     const int batch = gridDim.z;
     const int entry = blockIdx.z;
     const int a_blocks = DIV_UP(M, 32);
@@ -177,6 +178,7 @@ __device__ __forceinline__ float tf32_round(float x) { return __uint_as_float(tf
 // checks from one pointer per thread, and each row's scale is two exact multiplies by powers of
 // two worked out once per tile (docs/kernels.md, "f16x3: the passes").
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
+    follow_previous_grid();
     const int batch = gridDim.z;
     const long long entry = blockIdx.z;
     const int op = blockIdx.y;
@@ -362,6 +364,7 @@ __device__ __forceinline__ void consume(float (&acc)[MW][BN / 2], float (&corr)[
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA16, const __grid_constant__ TmaDesc tmB16,
      const __grid_constant__ TmaDesc tmA32, const __grid_constant__ TmaDesc tmB32) {
+    follow_previous_grid();
     extern __shared__ unsigned char smem_raw[];
     // Swizzled tiles must sit on 1024-byte boundaries: align the window (1 KiB of slack requested).
     const unsigned base = (smem_addr(smem_raw) + 1023) & ~1023u;

@@ -116,9 +116,11 @@ class F16x3(HopperFamily):
         b16, b32 = parts(n, bn, ws.bpack)
         main = dataclasses.replace(gemm_launches[0], tensor_maps=(a16, b16, a32, b32))
         values = self.launch_values(c)
-        scale = Launch("gemm_scale", (div_up(m, 32) + div_up(n, 32), 1, batch), (SCALE_THREADS, 1, 1), 0, **values)
+        scale = Launch("gemm_scale", (div_up(m, 32) + div_up(n, 32), 1, batch), (SCALE_THREADS, 1, 1), 0,
+                       follows=self.follows_previous, **values)
         tiles = div_up(max(m, n), 32) * div_up(k16, PACK_K)
-        pack = Launch("gemm_pack", (min(tiles, PACK_MAX_BLOCKS), 2, batch), (THREADS, 1, 1), 0, **values)
+        pack = Launch("gemm_pack", (min(tiles, PACK_MAX_BLOCKS), 2, batch), (THREADS, 1, 1), 0,
+                      follows=self.follows_previous, **values)
         return [scale, pack, main, *gemm_launches[1:]]
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:

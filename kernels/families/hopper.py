@@ -17,6 +17,9 @@ SPLITK = Param("SPLITK", (1, 2, 4, 8, 16), "slices of K (blockIdx.z), reduced by
 class HopperFamily(Family):
     architectures = ("sm_90",)
     architecture_reason = "wgmma, the bulk tensor copy engine and setmaxnreg are Hopper (sm_90a) instructions"
+    # A sequence of two to four short kernels: each starts while the one before it ends
+    # (docs/kernels.md, "Launches that overlap their predecessor").
+    follows_previous = True
 
     def target(self, arch: str) -> str:
         return "sm_90a" if arch == "sm_90" else arch

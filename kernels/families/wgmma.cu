@@ -110,6 +110,7 @@ __device__ __forceinline__ void walk_quads(int rows, int quads, Body body) {
 // its float4 stores (along k) are both coalesced; read and split in one pass, its stores strode
 // by Kp and the pre-pass took as long as the GEMM (docs/kernels.md, "The transposed A's pre-pass").
 extern "C" __global__ void __launch_bounds__(256) gemm_pack(GEMM_ARGS) {
+    follow_previous_grid();
     const int batch = gridDim.y;
     const int Kp = padded4(K);
     const long long quads = (long long)M * (Kp / 4);
@@ -203,6 +204,7 @@ __device__ __forceinline__ void split_in_place(unsigned big_at, const float (&x)
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
 gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB) {
+    follow_previous_grid();
     extern __shared__ unsigned char smem_raw[];
     // Swizzled tiles must sit on 1024-byte boundaries: align the window (1 KiB of slack requested).
     const unsigned raw = smem_addr(smem_raw);

@@ -125,7 +125,7 @@ class Wgmma(HopperFamily):
         work = max(m * kp, b_copy_floats(layout, n, k)) // 4  # quads
         # one batch entry per blockIdx.y; the pre-pass finds A's workspace slot past the partials
         pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), batch, 1),
-                      (PACK_THREADS, 1, 1), 0, **self.launch_values(c))
+                      (PACK_THREADS, 1, 1), 0, follows=self.follows_previous, **self.launch_values(c))
         return [pack, main, *gemm_launches[1:]]
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:
