@@ -147,6 +147,10 @@ class LoadedKernel:
         from cuda.bindings import driver
 
         self._maps: dict[tuple, Any] = {}
+        # cuLaunchKernelEx's configurations per (launch, stream): built once, as building one
+        # costs more host time than the launch (the tuner queues timed launches back to back)
+        # (keyed by identity, checked: hashing a Launch and its tensor maps costs microseconds too)
+        self._configs: dict[tuple[int, int], tuple[Launch, Any]] = {}
         self.launches = list(launches)
         self.module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.functions = {}
@@ -181,7 +185,14 @@ class LoadedKernel:
                 operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
                 maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
                 params = (params[0] + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
-            check(driver.cuLaunchKernelEx(_driver_config(launch, stream), self.functions[launch.kernel], params, 0),
+            key = (id(launch), int(stream))
+            found = self._configs.get(key)
+            if found is None or found[0] is not launch:
+                if len(self._configs) >= self.MAP_CACHE:
+                    self._configs.clear()
+                found = self._configs[key] = (launch, _driver_config(launch, stream))
+            config = found[1]
+            check(driver.cuLaunchKernelEx(config, self.functions[launch.kernel], params, 0),
                   f"cuLaunchKernelEx({launch.kernel})")
 
     def name_of(self, handle: int) -> str:

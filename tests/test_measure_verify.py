@@ -3,13 +3,15 @@
 CPU (CI): the reduction compiles with NVRTC, and its sums combine into exactly
 ``kernels.reference.relative_error``. GPU (marker ``gpu``, skipped without one): the device's
 relative error equals the host path's (download + relative_error), poisoned and wrong outputs
-are caught, and back-to-back timing agrees with the old wait-per-launch timing.
+are caught, back-to-back timing agrees with the old wait-per-launch timing, and a slow host
+does not slow the timing down (tuner/measure/hold.py).
 Run on the GPU host: python -m pytest -m gpu tests/test_measure_verify.py
 """
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,15 @@ def test_reduction_compiles(arch):
     assert len(compile_verify(arch)) > 0
     report = parse_ptxas_report(compile_program(SOURCE, arch, "verify.cu")[1])
     assert report[KERNEL].spill_store_bytes == 0 and report[KERNEL].stack_bytes == 0
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_hold_compiles(arch):
+    from tuner.measure import hold
+
+    assert len(hold.compile_hold(arch)) > 0
+    report = parse_ptxas_report(compile_program(hold.SOURCE, arch, "hold.cu")[1])
+    assert report[hold.KERNEL].spill_store_bytes == 0
 
 
 def _sums(out: np.ndarray, expect: np.ndarray) -> tuple[float, float, float]:
@@ -249,3 +260,24 @@ def test_back_to_back_timing_agrees_with_waiting_per_launch(bench, family_kernel
     cublas_old = statistics.median(_old_timing(
         bench, lambda s: bench.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr), 100))
     assert cublas_new == pytest.approx(cublas_old, rel=0.10)
+
+
+@pytest.mark.gpu
+def test_timing_runs_at_the_gpus_pace_not_the_hosts(bench):
+    """Each call queued 0.3 ms after the one before it (a host far slower than a ~10 µs GEMM):
+    timed behind a hold, a call still measures the GEMM, not the host's gap."""
+    m = n = k = 128
+    bench.set_problem(m, n, k, seed=11)
+
+    def run(s, pause: float = 0.0):
+        time.sleep(pause)
+        bench.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr)
+
+    quick = bench._time(run).times_ms
+    slow_host = bench._time(lambda s: run(s, 3e-4)).times_ms
+    assert statistics.median(slow_host) < 0.1 and statistics.median(slow_host) == pytest.approx(
+        statistics.median(quick), rel=0.25, abs=0.005)
+    assert bench.holder.gave_up() == 0
+    # the same calls without the hold are timed at the host's pace: the test can tell
+    paced = _old_timing(bench, lambda s: run(s, 3e-4), 15)
+    assert statistics.median(paced) > 0.2

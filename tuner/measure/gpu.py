@@ -20,12 +20,14 @@ from kernels import Launch, nvrtc_version
 from kernels.layout import stored_shapes, transposed
 from kernels.reference import tolerance
 from kernels.runtime import CudaError, LoadedKernel, check, device_arch, use_device
+from tuner.measure.hold import StreamHold
 from tuner.measure.verify import NAN_BITS, DeviceCheck
 
 L2_FLUSH_FACTOR = 3          # rotate through enough input sets to cover 3x the L2
 MAX_INPUT_SETS = 16
 TIMING_TARGET_S = 0.08       # timed kernel time per candidate
 MIN_REPS, MAX_REPS = 15, 400
+HOLD_CHUNK = 64              # timed calls queued behind one hold: well within the driver's launch queue
 VERIFY_ALPHA_BETA = ((1.25, 0.0), (0.75, -0.5))   # beta = 0 with C poisoned; then a general update
 
 
@@ -203,6 +205,7 @@ class GpuBench:
         self.clock = SmClock(device)
         self.cublas = Cublas(int(self.stream))
         self.verifier = DeviceCheck(self.arch())
+        self.holder = StreamHold(self.arch())
         self.sets: list[tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = []
         # set 0's float64 A*B and C0, resident for the problem: verification reads them on the GPU
         self.ref: DeviceBuffer | None = None
@@ -325,14 +328,20 @@ class GpuBench:
 
     def _timed(self, run: Callable[[tuple[DeviceBuffer, ...]], None], count: int) -> list[float]:
         """``count`` launches queued back to back, each alone between its own pair of events,
-        then one wait: the host's round trip no longer separates the launches."""
+        then one wait: the host's round trip no longer separates the launches. They are queued
+        behind a hold, HOLD_CHUNK at a time, so the GPU runs them at its own pace, not at the
+        pace the host queues them (tuner/measure/hold.py)."""
         from cuda.bindings import driver
 
         pairs = self.events[:count]
-        for i, (start, stop) in enumerate(pairs):
-            check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
-            run(self.sets[i % len(self.sets)])
-            check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
+        for first in range(0, count, HOLD_CHUNK):
+            self.holder.hold(self.stream)
+            for i in range(first, min(count, first + HOLD_CHUNK)):
+                start, stop = pairs[i]
+                check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
+                run(self.sets[i % len(self.sets)])
+                check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
+            self.holder.release()
         check(driver.cuEventSynchronize(pairs[-1][1]), "cuEventSynchronize")
         return [float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
                 for start, stop in pairs]
