@@ -76,10 +76,15 @@ def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int
                 "sm_clock_mhz": int(statistics.median(known)) if known else None}
 
     rows = []
+    in_place = runtime.maps_read_in_place(runtime.operand_views(made.launches),
+                                          {"a": (a.data.ptr, ca, 0), "b": (b.data.ptr, cb, 0)})
     for launch in made.launches:
+        row = {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block), "follows": launch.follows}
+        if launch.only_for_fallbacks and in_place:  # not launched for these operands
+            rows.append({**row, "skipped": True, "us_median": 0.0, "us_min": 0.0, "sm_clock_mhz": None})
+            continue
         alone = runtime.Plan(made.kernel, [launch], made.workspace_bytes, made.dims)
-        rows.append({"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
-                     "follows": launch.follows, **timed(alone)})
+        rows.append({**row, **timed(alone)})
     whole = timed(made)
     # the same sequence with each launch waiting for the one before it to end: what overlapping
     # them (Launch.follows) buys, in the same process
@@ -97,6 +102,10 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         name = "x".join(map(str, r["shape"])) + ("" if r["layout"] == "nn" else f":{r['layout']}")
         total = r["whole"]["us_median"]
         for row in r["launches"]:
+            if row.get("skipped"):
+                lines.append(f"{name:>16} {row['kernel']:>12} {'x'.join(map(str, row['grid'])):>16} "
+                             f"{'skipped':>9}  (A and B read in place: nothing to copy)")
+                continue
             lines.append(f"{name:>16} {row['kernel']:>12} {'x'.join(map(str, row['grid'])):>16} "
                          f"{row['us_median']:9.1f} {row['us_median'] / total:6.1%} {row['sm_clock_mhz'] or '?':>7}")
         lines.append(f"{name:>16} {'(sequence)':>12} {'':>16} {total:9.1f} {'':>6} {r['whole']['sm_clock_mhz'] or '?':>7}"

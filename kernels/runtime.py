@@ -80,6 +80,18 @@ def tma_ready(address: int, row_elements: int, batch_stride: int = 0, batch: int
 Operand = tuple[int, int, int]
 
 
+def operand_views(launches: Sequence[Launch]) -> tuple[tuple[str, int], ...]:
+    """(operand, batch) of every tensor map in the sequence that views A or B in place."""
+    return tuple(sorted({(tm.base, tm.dims[-1]) for launch in launches for tm in launch.tensor_maps
+                         if tm.base in ("a", "b")}))
+
+
+def maps_read_in_place(views: Sequence[tuple[str, int]], operands: dict[str, Operand]) -> bool:
+    """Whether every view of ``operand_views`` reads its operand in place for this call (none
+    falls back to a pre-pass's copy): a launch ``only_for_fallbacks`` is then not needed."""
+    return all(tma_ready(operands[name][0], operands[name][1], operands[name][2], batch) for name, batch in views)
+
+
 def encode_tensor_map(tm: TensorMap, operands: dict[str, Operand], workspace: int) -> Any:
     """A CUtensorMap for one call: the view `tm` over the call's A or B as stored (operands: name
     -> (address, leading dimension, batch stride)) or its workspace (see TensorMap)."""
@@ -179,10 +191,15 @@ class LoadedKernel:
 
         args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace, bias, *strides)
         types = _PARAM_TYPES
-        for launch in self.launches if launches is None else launches:
+        sequence = self.launches if launches is None else launches
+        operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
+        in_place = any(launch.only_for_fallbacks for launch in sequence) and maps_read_in_place(
+            operand_views(sequence), operands)
+        for launch in sequence:
+            if launch.only_for_fallbacks and in_place:
+                continue
             params = (args + (launch.splits, launch.raster), types)
             if launch.tensor_maps:
-                operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
                 maps = tuple(self._tensor_map(tm, operands, workspace) for tm in launch.tensor_maps)
                 params = (params[0] + maps, types + (None,) * len(maps))  # None: passed by value via getPtr()
             key = (id(launch), int(stream))
@@ -329,7 +346,8 @@ class Plan:
             *[ctypes.addressof(x) for x in self._args], *([None] * most))
         # the configurations stay referenced here: a launch reads its attributes through a pointer
         self._calls = [(int(kernel.functions[launch.kernel]), _ctypes_config(launch), launch.splits, launch.raster,
-                        launch.tensor_maps) for launch in self.launches]
+                        launch.tensor_maps, launch.only_for_fallbacks) for launch in self.launches]
+        self._views = operand_views(self.launches) if any(launch.only_for_fallbacks for launch in self.launches) else None
 
     def run(self, a: int, lda: int, b: int, ldb: int, c: int, ldc: int, alpha: float = 1.0, beta: float = 0.0,
             *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,
@@ -353,11 +371,14 @@ class Plan:
                 for i, v in ((5, lda), (7, ldb), (10, ldc), (12, bias), (13, strides[0]), (14, strides[1]),
                              (15, strides[2])):
                     args[i].value = v
-            for fn, config, splits, raster, maps in self._calls:
+            operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
+            in_place = self._views is not None and maps_read_in_place(self._views, operands)
+            for fn, config, splits, raster, maps, only_for_fallbacks in self._calls:
+                if only_for_fallbacks and in_place:
+                    continue
                 args[16].value, args[17].value = splits, raster
                 held = []  # the encoded maps stay referenced until the launch has copied them
                 if maps:
-                    operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
                     for j, tm in enumerate(maps):
                         held.append(self.kernel._tensor_map(tm, operands, workspace))
                         self._params[len(_PARAM_TYPES) + j] = held[-1].getPtr()

@@ -121,6 +121,10 @@ class Launch:
     # The kernel waits in-kernel for the kernel before it (common.cuh's follow_previous_grid), so
     # it is launched to start while that one still runs (programmatic dependent launch, sm_90).
     follows: bool = False
+    # The kernel writes nothing but the workspace copies that the sequence's tensor maps fall
+    # back to where TMA cannot read an operand in place: the launcher skips it for a call whose
+    # operands every map reads in place (kernels.runtime.maps_read_in_place).
+    only_for_fallbacks: bool = False
 
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)

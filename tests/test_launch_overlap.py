@@ -1,7 +1,8 @@
 """Launches that start while the kernel before them still runs (Launch.follows, programmatic
 dependent launch): only kernels that wait for their predecessor in-kernel are launched so, the
 launch configuration handed to libcuda is the one cuda.h defines, and calls back to back on one
-workspace never see each other's data (docs/kernels.md, "Launches that overlap their predecessor")."""
+workspace never see each other's data (docs/kernels.md, "Launches that overlap their predecessor");
+wgmma's pre-pass is skipped exactly where it would copy nothing."""
 from __future__ import annotations
 
 import ctypes
@@ -60,8 +61,35 @@ def test_launch_configuration_has_cuda_h_layout():
             assert theirs.attrs[0].id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("asplit", [0, 1])
+def test_wgmma_skips_its_pre_pass_exactly_where_it_would_copy_nothing(layout, asplit):
+    """The pre-pass (wgmma.cu's gemm_pack) splits A unless A is split in the kernel (ASPLIT, A
+    not transposed, A TMA-ready) and copies B unless B is TMA-ready; the launcher skips it only
+    where neither happens."""
+    fam = kernels.get_family("wgmma")
+    config = dict(fam.starting_points[0], ASPLIT=asplit)
+    m, n, k = 256, 512, 1024
+    launches = fam.launches(config, m, n, k, layout)
+    pack = launches[0]
+    assert pack.kernel == "gemm_pack"
+    views = runtime.operand_views(launches)
+    (_, a_cols), (_, b_cols) = kernels.stored_shapes(layout, m, n, k)
+    for a_shift in (0, 1):  # floats past a 16-byte boundary
+        for b_shift in (0, 1):
+            for a_ld in (a_cols, a_cols + 1):
+                for b_ld in (b_cols, b_cols + 3):
+                    a, b = (1 << 20) + 4 * a_shift, (1 << 24) + 4 * b_shift
+                    a_ready, b_ready = runtime.tma_ready(a, a_ld), runtime.tma_ready(b, b_ld)
+                    copies_nothing = asplit and layout[0] == "n" and a_ready and b_ready
+                    skipped = pack.only_for_fallbacks and runtime.maps_read_in_place(
+                        views, {"a": (a, a_ld, 0), "b": (b, b_ld, 0)})
+                    assert skipped == copies_nothing, (a_shift, b_shift, a_ld, b_ld)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family,config", [
+    ("wgmma", {"BM": 64, "BK": 64, "WGS": 2, "MW": 1, "STAGES": 3, "FLUSH": 4, "SPLITK": 16, "RASTER": 8, "ASPLIT": 1}),
     ("wgmma", {"BM": 64, "BK": 32, "WGS": 2, "MW": 1, "STAGES": 4, "FLUSH": 4, "SPLITK": 16, "RASTER": 8, "ASPLIT": 0}),
     ("f16x3", {"WGS": 2, "MW": 1, "BN": 128, "ATOMS": 1, "STAGES": 3, "FLUSH": 4, "SPLITK": 4, "RASTER": 8}),
 ])

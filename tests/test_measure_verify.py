@@ -277,7 +277,7 @@ def test_timing_runs_at_the_gpus_pace_not_the_hosts(bench):
     slow_host = bench._time(lambda s: run(s, 3e-4)).times_ms
     assert statistics.median(slow_host) < 0.1 and statistics.median(slow_host) == pytest.approx(
         statistics.median(quick), rel=0.25, abs=0.005)
-    assert bench.holder.gave_up() == 0
+    assert bench.holder.gave_up() == 0 and bench.holder.retries == 0  # no hold in this process timed out
     # the same calls without the hold are timed at the host's pace: the test can tell
     paced = _old_timing(bench, lambda s: run(s, 3e-4), 15)
     assert statistics.median(paced) > 0.2

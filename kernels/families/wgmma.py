@@ -124,8 +124,11 @@ class Wgmma(HopperFamily):
         main = dataclasses.replace(gemm_launches[0], tensor_maps=(a_maps, b_map))
         work = max(m * kp, b_copy_floats(layout, n, k)) // 4  # quads
         # one batch entry per blockIdx.y; the pre-pass finds A's workspace slot past the partials
+        # With A split in the kernel, the pre-pass only copies what TMA cannot read in place; a
+        # call with both operands aligned skips it (docs/kernels.md, "wgmma's pre-pass")
         pack = Launch("gemm_pack", (min(div_up(work, PACK_THREADS), PACK_MAX_BLOCKS), batch, 1),
-                      (PACK_THREADS, 1, 1), 0, follows=self.follows_previous, **self.launch_values(c))
+                      (PACK_THREADS, 1, 1), 0, follows=self.follows_previous,
+                      only_for_fallbacks=bool(c["ASPLIT"]) and not ta, **self.launch_values(c))
         return [pack, main, *gemm_launches[1:]]
 
     def workspace_bytes(self, c: Config, m: int, n: int, k: int, layout: str = "nn", batch: int = 1) -> int:

@@ -28,6 +28,7 @@ MAX_INPUT_SETS = 16
 TIMING_TARGET_S = 0.08       # timed kernel time per candidate
 MIN_REPS, MAX_REPS = 15, 400
 HOLD_CHUNK = 64              # timed calls queued behind one hold: well within the driver's launch queue
+MAX_HOLD_RETRIES = 8         # rounds timed again after a hold gave up, per process
 VERIFY_ALPHA_BETA = ((1.25, 0.0), (0.75, -0.5))   # beta = 0 with C poisoned; then a general update
 
 
@@ -321,6 +322,10 @@ class GpuBench:
     # ---- timing -----------------------------------------------------------------------------
     def _time(self, run: Callable[[tuple[DeviceBuffer, ...]], None]) -> Timing:
         """Median-ready per-launch times with CUDA events; input sets rotate between launches."""
+        # One call outside any hold first: a call's first launch of a kernel may load it (lazy
+        # module loading), and loading waits for the device, which a hold keeps busy until the
+        # host releases it: the two would wait for each other until the hold gives up.
+        run(self.sets[0])
         warm = self._timed(run, 3)  # waited for: they decide how many launches to time
         reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
         times = self._timed(run, reps)
@@ -334,6 +339,7 @@ class GpuBench:
         from cuda.bindings import driver
 
         pairs = self.events[:count]
+        first_hold = self.holder.target + 1
         for first in range(0, count, HOLD_CHUNK):
             self.holder.hold(self.stream)
             for i in range(first, min(count, first + HOLD_CHUNK)):
@@ -343,6 +349,10 @@ class GpuBench:
                 check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
             self.holder.release()
         check(driver.cuEventSynchronize(pairs[-1][1]), "cuEventSynchronize")
+        if self.holder.gave_up() >= first_hold:  # timed at the host's pace somewhere: once more
+            self.holder.retries += 1
+            if self.holder.retries <= MAX_HOLD_RETRIES:
+                return self._timed(run, count)
         return [float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
                 for start, stop in pairs]
 

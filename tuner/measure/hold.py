@@ -9,9 +9,11 @@ up to 1.3x slow, and ranked their configs by host time (docs/measurement.md, "Ti
 until the round is queued").
 
 The release is a counter in pinned, device-mapped host memory that only grows: each hold waits
-for its own number, so rounds never race on a reset. The kernel gives up after TIMEOUT_NS
-(its number is then in the counter's second word) so that a host that fails between hold and release, or a launch
-queue too short for a round, never leaves the GPU spinning.
+for its own number, so rounds never race on a reset. The kernel gives up after TIMEOUT_NS (its
+number is then in the counter's second word) so that a host that fails between hold and
+release, or a launch queue too short for a round, never leaves the GPU spinning. Nothing launched behind a hold may
+be launched there for the first time: with lazy module loading (CUDA's default) a kernel's first
+launch loads it, loading waits for the device, and the device waits for the release.
 """
 from __future__ import annotations
 
@@ -63,6 +65,11 @@ class StreamHold:
         self.counter = (ctypes.c_uint * 2).from_address(self.host)
         self.counter[0] = self.counter[1] = 0
         self.target = 0
+        self.retries = 0  # rounds timed again because a hold gave up (GpuBench._timed)
+        # its own first launch loads the kernel: done here, while nothing is held
+        self.hold(0)
+        self.release()
+        check(driver.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def hold(self, stream: Any) -> None:
         """Queue a hold on ``stream``: what is queued after it waits for ``release``."""
