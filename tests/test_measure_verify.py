@@ -278,6 +278,31 @@ def test_timing_runs_at_the_gpus_pace_not_the_hosts(bench):
     assert statistics.median(slow_host) < 0.1 and statistics.median(slow_host) == pytest.approx(
         statistics.median(quick), rel=0.25, abs=0.005)
     assert bench.holder.gave_up() == 0 and bench.holder.retries == 0  # no hold in this process timed out
-    # the same calls without the hold are timed at the host's pace: the test can tell
-    paced = _old_timing(bench, lambda s: run(s, 3e-4), 15)
-    assert statistics.median(paced) > 0.2
+
+
+@pytest.mark.gpu
+def test_a_hold_keeps_what_follows_until_released(bench):
+    """A call queued behind a hold, its work submitted (cuStreamQuery), runs only once the host
+    releases it 50 ms later, and its own events time the call alone."""
+    from cuda.bindings import driver
+
+    from kernels.runtime import check
+
+    m = n = k = 128
+    bench.set_problem(m, n, k, seed=12)
+    s = bench.sets[0]
+    bench.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr)  # loaded outside the hold
+    check(driver.cuStreamSynchronize(bench.stream), "cuStreamSynchronize")
+    before, start, stop = (check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(3))
+    check(driver.cuEventRecord(before, bench.stream), "cuEventRecord")
+    bench.holder.hold(bench.stream)
+    check(driver.cuEventRecord(start, bench.stream), "cuEventRecord")
+    bench.cublas.gemm(m, n, k, 1.0, s[0].ptr, s[1].ptr, 0.0, s[2].ptr)
+    check(driver.cuEventRecord(stop, bench.stream), "cuEventRecord")
+    driver.cuStreamQuery(bench.stream)  # submits what is queued: an idle hold would let it run now
+    time.sleep(0.05)
+    bench.holder.release()
+    check(driver.cuEventSynchronize(stop), "cuEventSynchronize")
+    held_ms = float(check(driver.cuEventElapsedTime(before, stop), "cuEventElapsedTime"))
+    call_ms = float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
+    assert held_ms >= 45 and call_ms < 1 and bench.holder.gave_up() == 0
