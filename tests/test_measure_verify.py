@@ -32,6 +32,14 @@ def test_reduction_compiles(arch):
     assert report[KERNEL].spill_store_bytes == 0 and report[KERNEL].stack_bytes == 0
 
 
+def test_a_round_is_held_whole_only_where_the_host_queues_slower_than_half_the_gpus_pace():
+    from tuner.measure.gpu import HEAD_START, HOLD_CHUNK, calls_ahead
+
+    assert calls_ahead(30e-6, 150e-6) == HEAD_START  # 2048³: the host stays ahead by itself
+    assert calls_ahead(30e-6, 40e-6) == HOLD_CHUNK    # 256x256x16384: it would not
+    assert calls_ahead(30e-6, 60e-6) == HOLD_CHUNK    # the margin: under half, not at it
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_hold_compiles(arch):
     from tuner.measure import hold

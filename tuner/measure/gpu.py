@@ -29,7 +29,16 @@ TIMING_TARGET_S = 0.08       # timed kernel time per candidate
 MIN_REPS, MAX_REPS = 15, 400
 HOLD_CHUNK = 64              # timed calls queued behind one hold: well within the driver's launch queue
 MAX_HOLD_RETRIES = 8         # rounds timed again after a hold gave up, per process
+HEAD_START = 4               # calls queued before the release where the host outpaces the GPU
 VERIFY_ALPHA_BETA = ((1.25, 0.0), (0.75, -0.5))   # beta = 0 with C poisoned; then a general update
+
+
+def calls_ahead(queue_s_per_call: float, gpu_s_per_call: float) -> int:
+    """How many calls of a timing round to queue before releasing its hold: where the host
+    queues a call in under half the time the GPU runs it, a head start of HEAD_START calls keeps
+    the host ahead for the rest of the round, and the GPU idles only while those are queued;
+    otherwise the whole round, HOLD_CHUNK calls at a time."""
+    return HEAD_START if queue_s_per_call < 0.5 * gpu_s_per_call else HOLD_CHUNK
 
 
 class GpuFault(RuntimeError):
@@ -326,33 +335,39 @@ class GpuBench:
         # module loading), and loading waits for the device, which a hold keeps busy until the
         # host releases it: the two would wait for each other until the hold gives up.
         run(self.sets[0])
-        warm = self._timed(run, 3)  # waited for: they decide how many launches to time
+        warm = self._timed(run, 3, ahead=3)  # waited for: they decide how many launches to time
         reps = int(min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / max(min(warm) * 1e-3, 1e-6))))
-        times = self._timed(run, reps)
+        times = self._timed(run, reps, ahead=calls_ahead(self._queue_s_per_call, min(warm) * 1e-3))
         return Timing(times, self.clock.mhz(), warm)
 
-    def _timed(self, run: Callable[[tuple[DeviceBuffer, ...]], None], count: int) -> list[float]:
+    def _timed(self, run: Callable[[tuple[DeviceBuffer, ...]], None], count: int, ahead: int) -> list[float]:
         """``count`` launches queued back to back, each alone between its own pair of events,
-        then one wait: the host's round trip no longer separates the launches. They are queued
-        behind a hold, HOLD_CHUNK at a time, so the GPU runs them at its own pace, not at the
-        pace the host queues them (tuner/measure/hold.py)."""
+        then one wait: the host's round trip no longer separates the launches. They queue
+        behind a hold, released once ``ahead`` calls are queued (``calls_ahead``; then every
+        HOLD_CHUNK calls behind a hold of their own where ``ahead`` is HOLD_CHUNK), so the GPU
+        runs them at its own pace, not at the pace the host queues them (tuner/measure/hold.py).
+        Sets ``_queue_s_per_call``: the host's seconds to queue one."""
         from cuda.bindings import driver
 
         pairs = self.events[:count]
         first_hold = self.holder.target + 1
-        for first in range(0, count, HOLD_CHUNK):
-            self.holder.hold(self.stream)
-            for i in range(first, min(count, first + HOLD_CHUNK)):
-                start, stop = pairs[i]
-                check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
-                run(self.sets[i % len(self.sets)])
-                check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
-            self.holder.release()
+        every_chunk = ahead >= HOLD_CHUNK
+        began = time.perf_counter()
+        for i, (start, stop) in enumerate(pairs):
+            if i == 0 or (every_chunk and i % HOLD_CHUNK == 0):
+                self.holder.hold(self.stream)
+            check(driver.cuEventRecord(start, self.stream), "cuEventRecord")
+            run(self.sets[i % len(self.sets)])
+            check(driver.cuEventRecord(stop, self.stream), "cuEventRecord")
+            queued = i + 1
+            if queued == count or queued == ahead or (every_chunk and queued % HOLD_CHUNK == 0):
+                self.holder.release()
+        self._queue_s_per_call = (time.perf_counter() - began) / count
         check(driver.cuEventSynchronize(pairs[-1][1]), "cuEventSynchronize")
         if self.holder.gave_up() >= first_hold:  # timed at the host's pace somewhere: once more
             self.holder.retries += 1
             if self.holder.retries <= MAX_HOLD_RETRIES:
-                return self._timed(run, count)
+                return self._timed(run, count, ahead)
         return [float(check(driver.cuEventElapsedTime(start, stop), "cuEventElapsedTime"))
                 for start, stop in pairs]
 
