@@ -9,8 +9,9 @@ what the ones before it wrote) and checked against float64 (a result past the to
 marked WRONG and the exit status is 1), then each launch alone and the whole
 sequence, every timing after an L2 flush, with CUDA events: the median of --repeats, and the SM
 clock (NVML) read after each. Where launches overlap the one before them (Launch.follows), the
-sequence is also timed with each launch waiting for the previous one to end ("serial"). Bytes per launch are not known generically, so the table gives µs
-and each launch's share of the sequence. Writes JSON (default bench/results/launches-<gpu>-<family>.json).
+sequence is also timed with each launch waiting for the previous one to end ("serial"). Bytes
+per launch are not known generically, so the table gives µs and each launch's share of the
+sequence. Writes JSON (default bench/results/launches-<gpu>-<family>.json).
 To compare two trees, run each tree's copy of this script in turn (it imports the tree it sits in).
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int
     in_place = runtime.maps_read_in_place(runtime.operand_views(made.launches),
                                           {"a": (a.data.ptr, ca, 0), "b": (b.data.ptr, cb, 0)})
     for launch in made.launches:
-        row = {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block), "follows": launch.follows}
+        row = {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
+               "follows": launch.follows}
         if launch.only_for_fallbacks and in_place:  # not launched for these operands
             rows.append({**row, "skipped": True, "us_median": 0.0, "us_min": 0.0, "sm_clock_mhz": None})
             continue

@@ -347,7 +347,8 @@ class Plan:
         # the configurations stay referenced here: a launch reads its attributes through a pointer
         self._calls = [(int(kernel.functions[launch.kernel]), _ctypes_config(launch), launch.splits, launch.raster,
                         launch.tensor_maps, launch.only_for_fallbacks) for launch in self.launches]
-        self._views = operand_views(self.launches) if any(launch.only_for_fallbacks for launch in self.launches) else None
+        skippable = any(launch.only_for_fallbacks for launch in self.launches)
+        self._views = operand_views(self.launches) if skippable else None
 
     def run(self, a: int, lda: int, b: int, ldb: int, c: int, ldc: int, alpha: float = 1.0, beta: float = 0.0,
             *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,

@@ -58,7 +58,8 @@ def test_launch_configuration_has_cuda_h_layout():
         assert ours.num_attrs == theirs.numAttrs == int(follows)
         if follows:
             assert bytes(ours.attrs[0]) == ctypes.string_at(theirs.attrs[0].getPtr(), 72)
-            assert theirs.attrs[0].id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            ids = driver.CUlaunchAttributeID
+            assert theirs.attrs[0].id == ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
