@@ -113,3 +113,74 @@ def test_another_gpus_best_this_gpu_cannot_run_is_not_warm_started(database):
     assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_90") == \
         [config] + [p for p in points if p != config]
     assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_80") == points
+
+
+def test_the_warm_start_takes_turns_with_the_models_picks_model_first():
+    from types import SimpleNamespace
+
+    from tuner.search.study import StudyRun
+
+    accepted = [{"X": i} for i in range(10)]
+    asked: list[int] = []
+
+    class Ranked:  # a model sampler whose ranking is rows 7, 2, 5, ...
+        def first_picks(self, study, count):
+            asked.append(count)
+            return [7, 2, 5, 9][:count]
+
+    study = SimpleNamespace(study=SimpleNamespace(sampler=Ranked()), accepted_all=accepted)
+    warm = [{"X": 2}, {"X": 3}, {"X": 4}]
+    # 2 is both the model's second pick and a warm-start config: asked once, where first due
+    assert StudyRun._beside_model_picks(study, warm) == [{"X": 7}, {"X": 2}, {"X": 3}, {"X": 5}, {"X": 4}]
+    assert asked == [3]  # as many of the model's as the warm start has
+    # no model ranking (the static prior starts, or another sampler): the warm start alone
+    study.study.sampler = object()
+    assert StudyRun._beside_model_picks(study, warm) == warm
+    study.study.sampler = SimpleNamespace(first_picks=lambda study, count: [])
+    assert StudyRun._beside_model_picks(study, warm) == warm
+
+
+def test_a_study_the_model_can_rank_asks_its_picks_beside_the_starting_points(database):
+    """On the H100's bundled recordings the model knows tf32x3 at other shapes, so it ranks the
+    configs from the start: its picks and the starting points alternate, the model's first."""
+    family = kernels.get_family("tf32x3")
+    problem = Problem(1024, 1024, 1024)
+    evaluator = StandInEvaluator(gpu_name="NVIDIA H100 80GB HBM3")
+    info = evaluator.info()
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url),
+                      gpu_id=database.ensure_gpu(db.GpuInfo(**info)), gpu_name=info["name"],
+                      progress=False, learn_from_recordings=True)
+    points = [dict(p) for p in family.starting_points]
+    run_study(session, family, problem, Budget(trials=2 * len(points), timeout_s=None, patience=None))
+    measured = [config for _, config, _ in evaluator.calls]
+    assert all(p in measured for p in points)
+    assert measured[:len(points)] != points  # (before: the starting points, then the model's)
+
+
+def test_the_best_stored_for_this_very_problem_is_asked_before_the_models_picks(database):
+    """A best measured at this problem on this GPU model (an older source of the family, a
+    pack's entry) is asked first even where the model ranks the configs: bench/refresh_pack.py
+    re-measures a pack entry with one trial that must be the entry's own config."""
+    from tuner.search.warmstart import warm_start
+
+    family = kernels.get_family("tf32x3")
+    problem = Problem(1024, 1024, 1024)
+    evaluator = StandInEvaluator(gpu_name="NVIDIA H100 80GB HBM3")
+    info = evaluator.info()
+    gpu_id = database.ensure_gpu(db.GpuInfo(**info))
+    points = [dict(p) for p in family.starting_points]
+    stored = next(c for c in family.accepted_configs("sm_90") if c not in points)
+    run_id = database.start_run(
+        gpu_id=gpu_id, problem_id=database.ensure_problem(problem.m, problem.n, problem.k),
+        family_id=database.ensure_family(family.name, "0" * 64), sampler="default",  # an older source
+        seed=0, budget={}, host="test", command="test", study_name=None)
+    database.add_trial(run_id, db.TrialRecord(number=0, params=stored, state="ok", gflops=40000.0,
+                                              time_median_ms=0.05))
+    assert warm_start(database, info["name"], family, problem, "sm_90") == ([stored], points)
+    session = Session(database=database, evaluator=evaluator,
+                      storage=optuna.storages.RDBStorage(database.url), gpu_id=gpu_id,
+                      gpu_name=info["name"], progress=False, learn_from_recordings=True)
+    run_study(session, family, problem, Budget(trials=3, timeout_s=None, patience=None))
+    measured = [config for _, config, _ in evaluator.calls]
+    assert measured[0] == stored and points[0] in measured[1:3] and measured[1:3] != points[:2]

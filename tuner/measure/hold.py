@@ -5,7 +5,7 @@ Without it, launches queued back to back between their own events are timed at t
 wherever the host takes longer to queue a call than the GPU takes to run it: a `wgmma` call
 (three kernels through cuda-python) costs the host 24-52 µs against 29-40 µs on the GPU at
 1024³ or 256×256×16384, so with the compile pool's processes busy the tuner timed those shapes
-up to 1.3x slow, and ranked their configs by host time (docs/measurement.md, "Timing held
+up to 1.4x slow, and ranked their configs by host time (docs/measurement.md, "Timing held
 until the round is queued").
 
 The release is a counter in pinned, device-mapped host memory that only grows: each hold waits

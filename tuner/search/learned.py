@@ -546,6 +546,14 @@ class ModelSampler(optuna.samplers.BaseSampler):
             waiting[int(self.group[row])] = waiting.get(int(self.group[row]), 0) + 1
         return rows
 
+    def first_picks(self, study: Study, count: int) -> list[int]:
+        """``upcoming`` before the study's first ask: fitted now on the examples of other
+        problems where no fit was made ahead (as the first ask would fit them); [] where the
+        start-up (the static prior) goes first."""
+        if self.scores is None and self._fitting is None and self.offline.rows > 0 and not self.startup:
+            self._refit([])
+        return self.upcoming(study, count)
+
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from tuner.search.learned import (HYBRID_PICKS, MAX_EXAMPLES, LearnedSpace, Prep
 from tuner.search.choices import LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP
 from tuner.search.samplers import (CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler,
                                    resolve)
-from tuner.search.warmstart import warm_start_configs
+from tuner.search.warmstart import warm_start
 from tuner.search.writer import StoreWriter, done
 
 log = logging.getLogger(__name__)
@@ -416,12 +417,14 @@ class StudyRun:
         self._learn(changes)
         if session.warm_start and not history:
             with session.phases.timed(STUDY_STORAGE):
-                warm = warm_start_configs(session.database, session.gpu_name, family, problem,
-                                          self.arch)
-            for config in warm:
-                log.info("%s: warm start with %s", self.name, config_text(config))
+                same, elsewhere = warm_start(session.database, session.gpu_name, family, problem, self.arch)
+            warm = same + elsewhere
+            for config in same + [c for c in self._beside_model_picks(elsewhere) if c not in same]:
+                from_warm_start = config in warm
+                log.info("%s: %s %s", self.name, "warm start with" if from_warm_start else "the model's pick",
+                         config_text(config))
                 self.study.enqueue_trial(space.params_from_config(family, config),
-                                         user_attrs={"warm_start": True},
+                                         user_attrs={"warm_start": True} if from_warm_start else {},
                                          skip_if_exists=True)
 
         self.nudges = random.Random(session.seed)
@@ -864,6 +867,22 @@ class StudyRun:
         self.measured_now += 1
         self.phases.trials += 1
         return measurement
+
+    def _beside_model_picks(self, warm: list[dict[str, int]]) -> list[dict[str, int]]:
+        """The warm start's configs taking turns with as many of the model's best-ranked ones,
+        the model's first (each config once), where the model sampler has scores: asked ahead
+        of them all, the warm start's dozen or so configs (nearest problems' bests, then the
+        family's starting points) kept the model's own first picks out of the first window and
+        cost up to ten measurements where they were no better (docs/search.md, "Warm start").
+        Taking turns costs either side at most twice its own count. Elsewhere: ``warm``."""
+        first_picks = getattr(self.study.sampler, "first_picks", None)
+        if not warm or first_picks is None or self.accepted_all is None:
+            return warm
+        picks = [self.accepted_all[row] for row in first_picks(self.study, len(warm))]
+        ordered: list[dict[str, int]] = []
+        for pair in itertools.zip_longest(picks, warm):
+            ordered += [config for config in pair if config is not None and config not in ordered]
+        return ordered
 
     def _compile_ahead(self) -> None:
         """Begin, on compile workers idle now, the compiles of the configs the model would ask

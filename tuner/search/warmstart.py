@@ -25,6 +25,17 @@ def warm_start_configs(
     for the same problem on other GPU models (at most ``limit`` of those), then the family's
     declared ``starting_points``. Only configs the family still accepts on this GPU's ``arch``
     (another model's best may need more shared memory than it has), each once."""
+    same, others = warm_start(database, gpu_name, family, problem, arch, limit)
+    return same + others
+
+
+def warm_start(
+    database: Any, gpu_name: str, family: Any, problem: Problem, arch: str,
+    limit: int = MAX_WARM_START
+) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """``warm_start_configs`` in two parts: the best measured at this very problem on this GPU
+    model (an older source of the family; a pack's entry), which a study asks before anything
+    else, and the rest."""
     shape = {"dtype": problem.dtype, "layout": problem.layout,
              "general_alpha_beta": problem.general_alpha_beta}
     found: list[dict[str, int]] = []
@@ -44,9 +55,12 @@ def warm_start_configs(
         )
     except db.UnknownGpuError:
         nearest = []  # first run on this GPU model
+    same = 0  # how many of ``found`` were measured at this very problem
     for near in nearest:
         p = near.problem
         consider(database.best(gpu_name, p.m, p.n, p.k, family=family.name, nearest=False, **shape))
+        if (p.m, p.n, p.k) == (problem.m, problem.n, problem.k):
+            same = len(found)
 
     for other in sorted({gpu.name for gpu in database.list_gpus()} - {gpu_name}):
         consider(database.best(other, problem.m, problem.n, problem.k, family=family.name,
@@ -54,7 +68,7 @@ def warm_start_configs(
     found = found[:limit]
     for config in family.starting_points:  # the family's own measured-good configs come last
         consider(_Known(config))
-    return found
+    return found[:same], found[same:]
 
 
 class _Known:
