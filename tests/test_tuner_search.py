@@ -288,10 +288,11 @@ def test_a_new_problem_starts_from_the_best_configs_of_nearby_problems(store):
     assert near.best_config != far.best_config or pytest.skip("both bests coincide")
 
     fresh = StandInEvaluator()
-    run_study(session_for(store, fresh), NAIVE, P1024, Budget(trials=3, timeout_s=None,
+    run_study(session_for(store, fresh), NAIVE, P1024, Budget(trials=4, timeout_s=None,
                                                                patience=None))
-    first_two = [config for _, config, _ in fresh.calls[:2]]
-    assert first_two == [near.best_config, far.best_config]  # nearest first
+    # taking turns with the model's picks (docs/search.md, "Warm start"), nearest first
+    first_four = [config for _, config, _ in fresh.calls[:4]]
+    assert near.best_config in first_four[:2] and far.best_config in first_four
 
 
 def test_a_new_gpu_starts_from_the_same_problem_tuned_on_another_gpu(store):
@@ -301,7 +302,8 @@ def test_a_new_gpu_starts_from_the_same_problem_tuned_on_another_gpu(store):
     here = StandInEvaluator()
     run_study(session_for(store, here), NAIVE, P1024, Budget(trials=2, timeout_s=None,
                                                               patience=None))
-    assert here.calls[0][1] == tuned.best_config
+    # first, or second after the model's first pick (docs/search.md, "Warm start")
+    assert tuned.best_config in [config for _, config, _ in here.calls[:2]]
 
 
 def test_tune_all_measures_each_baseline_once_and_summarises_the_best_per_shape(store):

@@ -216,6 +216,7 @@ class GpuBench:
         self.cublas = Cublas(int(self.stream))
         self.verifier = DeviceCheck(self.arch())
         self.holder = StreamHold(self.arch())
+        self._queue_s_per_call = 0.0  # the host's time to queue one timed call, last round (_timed)
         self.sets: list[tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = []
         # set 0's float64 A*B and C0, resident for the problem: verification reads them on the GPU
         self.ref: DeviceBuffer | None = None

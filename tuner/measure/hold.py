@@ -11,9 +11,10 @@ until the round is queued").
 The release is a counter in pinned, device-mapped host memory that only grows: each hold waits
 for its own number, so rounds never race on a reset. The kernel gives up after TIMEOUT_NS (its
 number is then in the counter's second word) so that a host that fails between hold and
-release, or a launch queue too short for a round, never leaves the GPU spinning. Nothing launched behind a hold may
-be launched there for the first time: with lazy module loading (CUDA's default) a kernel's first
-launch loads it, loading waits for the device, and the device waits for the release.
+release, or a launch queue too short for a round, never leaves the GPU spinning. Nothing
+launched behind a hold may be launched there for the first time: with lazy module loading
+(CUDA's default) a kernel's first launch loads it, loading waits for the device, and the device
+waits for the release.
 """
 from __future__ import annotations
 
@@ -89,4 +90,3 @@ class StreamHold:
     def gave_up(self) -> int:
         """The number of the last hold that timed out before its release (0: none)."""
         return self.counter[1]
-
