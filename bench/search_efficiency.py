@@ -51,8 +51,9 @@ recording it is measured on (``fit_kind``): ``in-sample`` for the prior set-up's
 estimate), ``leave-one-out`` for the model's elsewhere, ``-`` where nothing was fitted (random,
 Optuna's own).
 
-Warm-started rows run the tuner's own ``warm_start_configs`` on a fresh database seeded with
-recorded optima (as finished runs): ``prior+warm`` and ``default+warm`` (``--warm-start``; the
+Warm-started rows run the tuner's own warm start (``tuner.search.warmstart``) on a fresh
+database seeded with recorded optima (as finished runs): ``prior+warm`` and ``default+warm``
+(``--warm-start``; the
 prior set-up, and the default learning leave-one-out as its cold rows do) with the family's
 optimum on every OTHER problem recorded on the same GPU model; ``prior+xmodel``
 (``--cross-model``, issue 17 part 2) runs the prior set-up with the family's optimum on every

@@ -86,6 +86,12 @@ def operand_views(launches: Sequence[Launch]) -> tuple[tuple[str, int], ...]:
                          if tm.base in ("a", "b")}))
 
 
+def skippable_views(launches: Sequence[Launch]) -> tuple[tuple[str, int], ...] | None:
+    """``operand_views`` of a sequence with a launch ``only_for_fallbacks``, else None (nothing
+    to check per call): worked out once per sequence, not per call."""
+    return operand_views(launches) if any(launch.only_for_fallbacks for launch in launches) else None
+
+
 def maps_read_in_place(views: Sequence[tuple[str, int]], operands: dict[str, Operand]) -> bool:
     """Whether every view of ``operand_views`` reads its operand in place for this call (none
     falls back to a pre-pass's copy): a launch ``only_for_fallbacks`` is then not needed."""
@@ -164,6 +170,7 @@ class LoadedKernel:
         # (keyed by identity, checked: hashing a Launch and its tensor maps costs microseconds too)
         self._configs: dict[tuple[int, int], tuple[Launch, Any]] = {}
         self.launches = list(launches)
+        self._views = skippable_views(self.launches)
         self.module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.functions = {}
         for launch in self.launches:
@@ -191,10 +198,12 @@ class LoadedKernel:
 
         args = (m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, workspace, bias, *strides)
         types = _PARAM_TYPES
-        sequence = self.launches if launches is None else launches
+        if launches is None:
+            sequence, views = self.launches, self._views
+        else:
+            sequence, views = launches, skippable_views(launches)
         operands = {"a": (a, lda, strides[0]), "b": (b, ldb, strides[1])}
-        in_place = any(launch.only_for_fallbacks for launch in sequence) and maps_read_in_place(
-            operand_views(sequence), operands)
+        in_place = views is not None and maps_read_in_place(views, operands)
         for launch in sequence:
             if launch.only_for_fallbacks and in_place:
                 continue
@@ -347,8 +356,7 @@ class Plan:
         # the configurations stay referenced here: a launch reads its attributes through a pointer
         self._calls = [(int(kernel.functions[launch.kernel]), _ctypes_config(launch), launch.splits, launch.raster,
                         launch.tensor_maps, launch.only_for_fallbacks) for launch in self.launches]
-        skippable = any(launch.only_for_fallbacks for launch in self.launches)
-        self._views = operand_views(self.launches) if skippable else None
+        self._views = skippable_views(self.launches)
 
     def run(self, a: int, lda: int, b: int, ldb: int, c: int, ldc: int, alpha: float = 1.0, beta: float = 0.0,
             *, bias: int = 0, strides: tuple[int, int, int] = (0, 0, 0), workspace: int = 0,
