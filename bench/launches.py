@@ -2,14 +2,15 @@
 passes before or after its GEMM (f16x3's scale and pack, split-K's reduction) spends its time.
 
     python bench/launches.py --family f16x3 [--config JSON] [--shape MxNxK[:LAYOUT] ...]
-                             [--repeats 30] [--gpu 0] [--out FILE]
+                             [--beta 0] [--repeats 30] [--gpu 0] [--out FILE]
 
 Per shape: random normal operands (CuPy), the whole sequence run once (so that every launch finds
 what the ones before it wrote) and checked against float64 (a result past the tolerance is
 marked WRONG and the exit status is 1), then each launch alone and the whole
 sequence, every timing after an L2 flush, with CUDA events: the median of --repeats, and the SM
 clock (NVML) read after each. Where launches overlap the one before them (Launch.follows), the
-sequence is also timed with each launch waiting for the previous one to end ("serial"). Bytes
+sequence is also timed with each launch waiting for the previous one to end ("serial"). With
+--beta other than 0, C starts random and is read by the epilogue (C = A·B + beta·C). Bytes
 per launch are not known generically, so the table gives µs and each launch's share of the
 sequence. Writes JSON (default bench/results/launches-<gpu>-<family>.json).
 To compare two trees, run each tree's copy of this script in turn (it imports the tree it sits in).
@@ -42,22 +43,26 @@ FLUSH_BYTES = 256 << 20  # more than any Hopper L2
 
 
 def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int, int], layout: str,
-               repeats: int, clock: SmClock) -> dict[str, Any]:
+               repeats: int, clock: SmClock, beta: float = 0.0) -> dict[str, Any]:
     m, n, k = shape
     (ra, ca), (rb, cb) = stored_shapes(layout, m, n, k)
     rng = cp.random.default_rng(m + n + k)
     a = rng.standard_normal((ra, ca), dtype=cp.float32)
     b = rng.standard_normal((rb, cb), dtype=cp.float32)
-    c = cp.full((m, n), cp.nan, cp.float32)  # poisoned: beta = 0 must not read it
+    # poisoned where beta = 0, which must not read it
+    c = cp.full((m, n), cp.nan, cp.float32) if beta == 0 else rng.standard_normal((m, n), dtype=cp.float32)
+    c0 = c.astype(cp.float64)
     stream = cp.cuda.get_current_stream()
     made = runtime.plan(fam, config, m, n, k, layout=layout)
     ws = runtime.workspace(0, stream.ptr, made.workspace_bytes) if made.workspace_bytes else 0
-    args = (a.data.ptr, ca, b.data.ptr, cb, c.data.ptr, n, 1.0, 0.0)
+    args = (a.data.ptr, ca, b.data.ptr, cb, c.data.ptr, n, 1.0, beta)
     made.run(*args, workspace=ws, stream=stream.ptr)
     a64, b64 = a.astype(cp.float64), b.astype(cp.float64)
     ref = (a64.T if layout[0] == "t" else a64) @ (b64.T if layout[1] == "t" else b64)
+    if beta != 0:
+        ref += beta * c0
     error = float(cp.linalg.norm(c.astype(cp.float64) - ref) / cp.linalg.norm(ref))
-    del a64, b64, ref
+    del a64, b64, ref, c0
     flush = cp.empty(FLUSH_BYTES, cp.uint8)
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
@@ -93,7 +98,7 @@ def time_shape(cp: Any, fam: kernels.Family, config: dict, shape: tuple[int, int
     serial = runtime.Plan(made.kernel, [dataclasses.replace(launch, follows=False) for launch in made.launches],
                           made.workspace_bytes, made.dims)
     flops = fam.flops(m, n, k)
-    return {"shape": [m, n, k], "layout": layout, "relative_error": error, "correct": error <= tolerance(k),
+    return {"shape": [m, n, k], "layout": layout, "beta": beta, "relative_error": error, "correct": error <= tolerance(k),
             "launches": rows, "whole": whole, "whole_serial": timed(serial),
             "tflops": flops / (whole["us_median"] * 1e-6) / 1e12}
 
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="JSON object (default: the family's first starting point)")
     ap.add_argument("--shape", action="append",
                     help=f"MxNxK, optionally :LAYOUT (nn, nt, tn, tt) (default: {', '.join(SHAPES)})")
+    ap.add_argument("--beta", type=float, default=0.0, help="C = A·B + beta·C (default 0: C is not read)")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path)
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--config is not an accepted {fam.name} config here: {'; '.join(problems)}")
     clock = SmClock(args.gpu)
     gpu = cp.cuda.runtime.getDeviceProperties(args.gpu)["name"].decode()
-    results = [time_shape(cp, fam, config, (p.m, p.n, p.k), p.layout, args.repeats, clock) for p in shapes]
+    results = [time_shape(cp, fam, config, (p.m, p.n, p.k), p.layout, args.repeats, clock, args.beta) for p in shapes]
     print(f"{fam.name} {json.dumps(config)} on {gpu}, source {fam.source_hash[:12]}")
     print("\n".join(table(results)))
     out = args.out or ROOT / "bench" / "results" / f"launches-{gpu_slug(gpu)}-{fam.name}.json"

@@ -450,23 +450,39 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA16, const __grid_constant__ T
     const float corr_scale = tf32 ? 1.0f : 1.0f / 2048.0f;
 
     // Accumulator j of tile mw holds C(row 16*warp + g + 8*((j/2)%2), col 8*(j/4) + 2t + j%2).
+    // The FP16 path undoes each row's and column's scale: the thread's 2*MW row shifts and BN/4
+    // column shifts, read before anything is stored (hopper.cuh, store_fragment, says why).
+    int row_sh[MW][2], col_sh[BN / 4];
     const unsigned* amax = at<unsigned>(workspace, l.amax) + (long long)entry * M;
     const unsigned* bmax = at<unsigned>(workspace, l.bmax) + (long long)entry * N;
 #pragma unroll
     for (int mw = 0; mw < MW; ++mw)
 #pragma unroll
+        for (int h = 0; h < 2; ++h)
+            row_sh[mw][h] = tf32 ? 0 : row_shift(amax[min(m0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * h, M - 1)]);
+#pragma unroll
+    for (int q = 0; q < BN / 4; ++q)
+        col_sh[q] = tf32 ? 0 : row_shift(bmax[min(n0 + 8 * (q >> 1) + 2 * t + (q & 1), N - 1)]);
+#pragma unroll
+    for (int mw = 0; mw < MW; ++mw) {
+#pragma unroll
         for (int j = 0; j < BN / 2; ++j) {
-            const int m = m0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
-            const int n = n0 + 8 * (j >> 2) + 2 * t + (j & 1);
-            if (m < M && n < N) {
-                float v = fmaf(corr[mw][j], corr_scale, acc[mw][j]);
-                if (!tf32) v = ldexpf(v, -(row_shift(amax[m]) + row_shift(bmax[n])));
-#if SPLIT
-                workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = v;
-#else
-                float* out = C + (size_t)m * ldc + n;
-                *out = epilogue(v, alpha, beta, out, bias, n);
-#endif
-            }
+            acc[mw][j] = fmaf(corr[mw][j], corr_scale, acc[mw][j]);
+            if (!tf32) acc[mw][j] = ldexpf(acc[mw][j], -(row_sh[mw][(j >> 1) & 1] + col_sh[((j >> 2) << 1) | (j & 1)]));
         }
+        const auto place = [&](int j, int& m, int& n) {
+            m = m0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
+            n = n0 + 8 * (j >> 2) + 2 * t + (j & 1);
+        };
+#if SPLIT
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) {
+            int m, n;
+            place(j, m, n);
+            if (m < M && n < N) workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
+        }
+#else
+        store_fragment<true>(acc[mw], place, M, N, alpha, beta, C, ldc, bias);
+#endif
+    }
 }

@@ -392,20 +392,22 @@ gemm(GEMM_ARGS, const __grid_constant__ TmaDesc tmA, const __grid_constant__ Tma
 
     // Accumulator j of tile mw holds C^T(row 16*warp + g + 8*((j/2)%2), col 8*(j/4) + 2t + j%2).
 #pragma unroll
-    for (int mw = 0; mw < MW; ++mw)
+    for (int mw = 0; mw < MW; ++mw) {
+        const auto place = [&](int j, int& m, int& n) {
+            n = n0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
+            m = m0 + 8 * (j >> 2) + 2 * t + (j & 1);
+        };
+#if SPLIT
 #pragma unroll
         for (int j = 0; j < BM / 2; ++j) {
-            const int n = n0 + 64 * (MW * c + mw) + 16 * warp + g + 8 * ((j >> 1) & 1);
-            const int m = m0 + 8 * (j >> 2) + 2 * t + (j & 1);
-            if (m < M && n < N) {
-#if SPLIT
-                workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
-#else
-                float* out = C + (size_t)m * ldc + n;
-                *out = epilogue(acc[mw][j], alpha, beta, out, bias, n);
-#endif
-            }
+            int m, n;
+            place(j, m, n);
+            if (m < M && n < N) workspace[(size_t)blockIdx.z * M * N + (size_t)m * N + n] = acc[mw][j];
         }
+#else
+        store_fragment<false>(acc[mw], place, M, N, alpha, beta, C, ldc, bias);  // j, j + 1: two rows of C
+#endif
+    }
 #undef FULL
 #undef EMPTY
 #undef SPLIT_DONE
