@@ -105,6 +105,35 @@ def test_the_fit_is_deterministic_with_a_fixed_seed(pinned):
     assert np.ptp(a) > 0  # it ranks, it does not predict one constant
 
 
+def test_equal_weights_fit_the_model_a_weighted_fit_makes_bit_for_bit(pinned):
+    """``CostModel.fit`` hands scikit-learn no weights where all are 1 (its weighted binning is
+    the slow part of a fit): the model must be the one the same weights given explicitly make."""
+    from sklearn.base import clone
+    from threadpoolctl import threadpool_limits
+
+    model = CostModel(seed=7)
+    model.add_examples(examples_from_recordings(pinned))
+    model.fit()
+    x = np.concatenate(model._rows)[:, model._columns]
+    y = np.concatenate(model._targets)
+    with threadpool_limits(1):
+        weighted = clone(model._model).fit(x, y, sample_weight=np.ones(len(x)))
+    assert np.array_equal(model._model.predict(x), weighted.predict(x))
+    assert np.ptp(weighted.predict(x)) > 0
+    # unequal weights (a study's own rows weigh more) still reach the fit
+    rows = np.concatenate(model._rows)
+    heavier = model.copy()
+    heavier.add(rows[:50], np.linspace(0.2, 1.0, 50), weight=3.0)
+    heavier.fit()
+    x3 = np.concatenate(heavier._rows)[:, heavier._columns]
+    with threadpool_limits(1):
+        explicit = clone(heavier._model).fit(x3, np.concatenate(heavier._targets),
+                                             sample_weight=np.concatenate(heavier._weights))
+        unweighted = clone(heavier._model).fit(x3, np.concatenate(heavier._targets))
+    assert np.array_equal(heavier._model.predict(x3), explicit.predict(x3))
+    assert not np.array_equal(explicit.predict(x3), unweighted.predict(x3))
+
+
 def test_the_model_ranks_a_recorded_problem_it_was_fitted_on():
     """In-sample sanity check (not a measure of search quality): the configs predicted best
     on a problem it has seen include a near-optimal one."""
