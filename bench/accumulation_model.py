@@ -1,7 +1,7 @@
 """A CPU model of 3xTF32 accumulation (wgmma, tf32x3), calibrated on measured errors (no GPU).
 
     python bench/accumulation_model.py [--kind uniform ...] [--k 4096 ...] [--flush 2 4]
-        [--order interleaved small-first] [--block 48] [--align-bits 26]
+        [--order interleaved small-first small-first-pairs] [--block 48] [--align-bits 26]
         [--measured bench/results/accuracy-h200.json [--measured-order small-first]] [--out FILE]
 
 What it emulates, per output, in the orders the kernels sum (docs/kernels.md, "A model of the
@@ -15,7 +15,9 @@ toward zero to FP32. ``--align-bits`` is the one fitted constant.
 
 Orders: ``interleaved`` (tf32x3's, and wgmma's until it changed) runs each k-step's three MMAs
 in turn; ``small-first`` (wgmma's) sums the cross terms of all FLUSH k-steps first, the big·big
-MMAs last, so that only those cut at the scale of the big sum (the same MMAs and registers).
+MMAs last, so that only those cut at the scale of the big sum (the same MMAs and registers);
+``small-first-pairs`` does so for each pair of k-steps of a flush in turn (what `tf32x3`, whose
+fragments are registers, could hold: half of small-first's extra fragments).
 
 The inputs are bench/accuracy.py's (``make_inputs``, M = N = 1024, seed 0); the model computes
 the top-left ``--block`` × ``--block`` outputs only, so its relative error is a sample of the
@@ -40,7 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "accumulation_model.json"
-ORDERS = ("interleaved", "small-first")
+ORDERS = ("interleaved", "small-first", "small-first-pairs")
 KSTEP = 8  # k per TF32 MMA
 TF32_DROP = np.uint32(0xFFFFE000)  # TF32 keeps 10 of FP32's 23 stored mantissa bits
 
@@ -95,12 +97,15 @@ def emulate(a: np.ndarray, b: np.ndarray, flush: int, order: str, align_bits: in
             for s in group:
                 for x, y in ((a_small, b_big), (a_big, b_small), (a_big, b_big)):
                     part = mma(part, products(x, y, s), align_bits)
-        elif order == "small-first":
-            for s in group:
-                for x, y in ((a_small, b_big), (a_big, b_small)):
-                    part = mma(part, products(x, y, s), align_bits)
-            for s in group:
-                part = mma(part, products(a_big, b_big, s), align_bits)
+        elif order in ("small-first", "small-first-pairs"):
+            width = len(group) if order == "small-first" else 2
+            for start in range(0, len(group), width):
+                steps_now = group[start:start + width]
+                for s in steps_now:
+                    for x, y in ((a_small, b_big), (a_big, b_small)):
+                        part = mma(part, products(x, y, s), align_bits)
+                for s in steps_now:
+                    part = mma(part, products(a_big, b_big, s), align_bits)
         else:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
         acc = (acc + part).astype(np.float32)  # the FP32 accumulator: round to nearest
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    print(f"{'kind':14s} {'K':>6s} {'FLUSH':>5s} {'order':12s} {'model':>9s} {'measured':>9s} "
+    print(f"{'kind':14s} {'K':>6s} {'FLUSH':>5s} {'order':17s} {'model':>9s} {'measured':>9s} "
           f"{'x cuBLAS':>8s}")
     for kind in kinds:
         for k in ks:
@@ -184,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                         if order == args.measured_order and seen["wgmma"]["config"].get("FLUSH") == flush:
                             row["wgmma_measured"] = seen["wgmma"]["relative"]
                     rows.append(row)
-                    print(f"{kind:14s} {k:6d} {flush:5d} {order:12s} {model:9.3g} "
+                    print(f"{kind:14s} {k:6d} {flush:5d} {order:17s} {model:9.3g} "
                           f"{row.get('wgmma_measured', float('nan')):9.3g} "
                           f"{row.get('ratio_to_cublas', float('nan')):8.2f}", flush=True)
-    result = {"what": "modeled relative error of 3xTF32 sums in two orders (bench/accuracy.py's "
+    result = {"what": "modeled relative error of 3xTF32 sums in each order (bench/accuracy.py's "
                       "inputs, top-left block of outputs) beside the measured errors",
               "align_bits": args.align_bits, "block": args.block, "seed": args.seed,
               "measured_from": str(args.measured) if args.measured else None,
