@@ -11,11 +11,17 @@ import pytest
 from tuner.measure.testing import StandInEvaluator
 from tuner.problem import Problem
 from tuner.search.study import Budget, Session, run_study
-from tuner.search.warmstart import warm_start_configs
+from tuner.search.warmstart import warm_start
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parents[1]
 WITH_POINTS = [f for f in kernels.FAMILIES.values() if f.starting_points]
+
+
+def all_warm(*args, **kwargs) -> list[dict[str, int]]:
+    """The warm start's two lists as one, in the order a study asks them."""
+    same, rest = warm_start(*args, **kwargs)
+    return same + rest
 
 
 def test_some_family_declares_starting_points():
@@ -41,7 +47,7 @@ def database(tmp_path):
 def test_a_fresh_study_measures_the_starting_points_first(database):
     family = kernels.get_family("tf32x3")
     problem = Problem(1024, 1024, 1024)
-    assert warm_start_configs(database, "NVIDIA H100 80GB HBM3", family, problem, "sm_90") == \
+    assert all_warm(database, "NVIDIA H100 80GB HBM3", family, problem, "sm_90") == \
         [dict(p) for p in family.starting_points]
 
     evaluator = StandInEvaluator()
@@ -66,7 +72,7 @@ def test_stored_results_come_before_the_starting_points(database):
                       progress=False, warm_start=False)
     tuned = run_study(session, family, Problem(512, 512, 512),
                       Budget(trials=10, timeout_s=None, patience=None))
-    configs = warm_start_configs(database, info["name"], family, Problem(1024, 1024, 1024), "sm_90")
+    configs = all_warm(database, info["name"], family, Problem(1024, 1024, 1024), "sm_90")
     assert configs[0] == tuned.best_config
     points = [dict(p) for p in family.starting_points]
     assert len(configs) == len(points) + (tuned.best_config not in points)
@@ -88,7 +94,7 @@ def test_a_config_stored_before_a_parameter_existed_starts_as_it_ran(database):
     old["config"] = {name: value for name, value in old["config"].items() if name != "ASPLIT"}
     import_pack(pack, database, source="pack-h100-h200.json")
     family = kernels.get_family("wgmma")
-    configs = warm_start_configs(database, "NVIDIA H200", family, Problem(old["m"], old["n"], old["k"]),
+    configs = all_warm(database, "NVIDIA H200", family, Problem(old["m"], old["n"], old["k"]),
                                  "sm_90")
     assert configs[0] == {**old["config"], "ASPLIT": 0}
     assert family.completed({"ASPLIT": 1, **old["config"]})["ASPLIT"] == 1  # a stored value stays
@@ -110,9 +116,9 @@ def test_another_gpus_best_this_gpu_cannot_run_is_not_warm_started(database):
     database.add_trial(run_id, db.TrialRecord(number=0, params=config, state="ok",
                                               gflops=40000.0, time_median_ms=0.05))
     points = [dict(p) for p in family.starting_points]
-    assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_90") == \
+    assert all_warm(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_90") == \
         [config] + [p for p in points if p != config]
-    assert warm_start_configs(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_80") == points
+    assert all_warm(database, "NVIDIA A100-SXM4-80GB", family, problem, "sm_80") == points
 
 
 def test_the_warm_start_takes_turns_with_the_models_picks_model_first():
@@ -162,8 +168,6 @@ def test_the_best_stored_for_this_very_problem_is_asked_before_the_models_picks(
     """A best measured at this problem on this GPU model (an older source of the family, a
     pack's entry) is asked first even where the model ranks the configs: bench/refresh_pack.py
     re-measures a pack entry with one trial that must be the entry's own config."""
-    from tuner.search.warmstart import warm_start
-
     family = kernels.get_family("tf32x3")
     problem = Problem(1024, 1024, 1024)
     evaluator = StandInEvaluator(gpu_name="NVIDIA H100 80GB HBM3")

@@ -16,26 +16,16 @@ NEAREST_PROBLEMS = 3
 MAX_WARM_START = 6
 
 
-def warm_start_configs(
-    database: Any, gpu_name: str, family: Any, problem: Problem, arch: str,
-    limit: int = MAX_WARM_START
-) -> list[dict[str, int]]:
-    """The family's best configs for the nearest tuned problems on this GPU model (closest
-    first; the same problem counts too, e.g. tuned with an older source of the family), then
-    for the same problem on other GPU models (at most ``limit`` of those), then the family's
-    declared ``starting_points``. Only configs the family still accepts on this GPU's ``arch``
-    (another model's best may need more shared memory than it has), each once."""
-    same, others = warm_start(database, gpu_name, family, problem, arch, limit)
-    return same + others
-
-
 def warm_start(
     database: Any, gpu_name: str, family: Any, problem: Problem, arch: str,
     limit: int = MAX_WARM_START
 ) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
-    """``warm_start_configs`` in two parts: the best measured at this very problem on this GPU
-    model (an older source of the family; a pack's entry), which a study asks before anything
-    else, and the rest."""
+    """Two lists: the best measured at this very problem on this GPU model (an older source of
+    the family; a pack's entry), which a study asks before anything else; then the family's
+    best configs for the other nearest tuned problems on this GPU model (closest first), for the
+    same problem on other GPU models (at most ``limit`` in all, the first list's included), and
+    the family's declared ``starting_points``. Only configs the family still accepts on this
+    GPU's ``arch`` (another model's best may need more shared memory than it has), each once."""
     shape = {"dtype": problem.dtype, "layout": problem.layout,
              "general_alpha_beta": problem.general_alpha_beta}
     found: list[dict[str, int]] = []
