@@ -1,7 +1,7 @@
 """A CPU model of 3xTF32 accumulation (wgmma, tf32x3), calibrated on measured errors (no GPU).
 
     python bench/accumulation_model.py [--kind uniform ...] [--k 4096 ...] [--flush 2 4]
-        [--order interleaved small-first small-first-pairs] [--block 48] [--align-bits 26]
+        [--order interleaved small-first small-first-pairs cross-apart] [--block 48] [--align-bits 26]
         [--measured bench/results/accuracy-h200.json [--measured-order small-first]] [--out FILE]
 
 What it emulates, per output, in the orders the kernels sum (docs/kernels.md, "A model of the
@@ -17,7 +17,10 @@ Orders: ``interleaved`` (tf32x3's, and wgmma's until it changed) runs each k-ste
 in turn; ``small-first`` (wgmma's) sums the cross terms of all FLUSH k-steps first, the big·big
 MMAs last, so that only those cut at the scale of the big sum (the same MMAs and registers);
 ``small-first-pairs`` does so for each pair of k-steps of a flush in turn (what `tf32x3`, whose
-fragments are registers, could hold: half of small-first's extra fragments).
+fragments are registers, could hold: half of small-first's extra fragments); ``cross-apart`` sums
+each k-step's two cross terms from zero in a fragment of their own and adds it to the flush's
+fragment with one round-to-nearest add after the big·big MMA (four more registers per chain in
+the source).
 
 The inputs are bench/accuracy.py's (``make_inputs``, M = N = 1024, seed 0); the model computes
 the top-left ``--block`` × ``--block`` outputs only, so its relative error is a sample of the
@@ -42,7 +45,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "accumulation_model.json"
-ORDERS = ("interleaved", "small-first", "small-first-pairs")
+ORDERS = ("interleaved", "small-first", "small-first-pairs", "cross-apart")
 KSTEP = 8  # k per TF32 MMA
 TF32_DROP = np.uint32(0xFFFFE000)  # TF32 keeps 10 of FP32's 23 stored mantissa bits
 
@@ -106,6 +109,13 @@ def emulate(a: np.ndarray, b: np.ndarray, flush: int, order: str, align_bits: in
                         part = mma(part, products(x, y, s), align_bits)
                 for s in steps_now:
                     part = mma(part, products(a_big, b_big, s), align_bits)
+        elif order == "cross-apart":
+            for s in group:
+                cross = np.zeros(m * n, np.float32)
+                for x, y in ((a_small, b_big), (a_big, b_small)):
+                    cross = mma(cross, products(x, y, s), align_bits)
+                part = mma(part, products(a_big, b_big, s), align_bits)
+                part = (part + cross).astype(np.float32)  # one FADD: round to nearest
         else:
             raise ValueError(f"unknown order {order!r}; expected one of {', '.join(ORDERS)}")
         acc = (acc + part).astype(np.float32)  # the FP32 accumulator: round to nearest

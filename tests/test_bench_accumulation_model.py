@@ -75,10 +75,14 @@ def test_cross_terms_first_cuts_the_big_sum_fewer_times(model):
     rng = np.random.default_rng(0)
     a, b = rng.random((24, 1024), np.float32), rng.random((1024, 24), np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    interleaved, first, pairs = (model.relative_error(model.emulate(a, b, 4, order, 26), ref)
-                                 for order in model.ORDERS)
+    interleaved, first, pairs, apart = (
+        model.relative_error(model.emulate(a, b, 4, order, 26), ref)
+        for order in ("interleaved", "small-first", "small-first-pairs", "cross-apart"))
     assert first < 0.85 * interleaved
     assert first < pairs < interleaved  # half the cut-free cross terms: in between
+    # cross terms in a fragment of their own, joined by round-to-nearest adds: as few cuts at
+    # the big sum's scale as small-first
+    assert apart < 0.85 * interleaved and apart == pytest.approx(first, rel=0.1)
 
 
 @pytest.mark.parametrize("args, named", [(["--k", "1001"], "--k"), (["--flush", "3"], "--flush"),
