@@ -339,6 +339,32 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
             "in_studies_gaps_over_50ms": long_gaps, "studies": len(loops)}
 
 
+def longest_gaps(child_spans: list[tuple[float, float]], loops: list[tuple[float, float]],
+                 families: list[str], began: float, ended: float, top: int = 12
+                 ) -> list[dict[str, Any]]:
+    """The ``top`` longest stretches with no GPU child at work, from the command's start
+    (``began``) to its end: when each began (seconds from the start), how long it lasted, and
+    where the main thread was then: in which study's loop, between two loops (the next
+    study's set-up), or in the command's start (before the first loop)."""
+    spans = sorted(child_spans)
+    edges = [began] + [b for _, b in spans]
+    starts = [a for a, _ in spans] + [ended]
+    ordered = sorted(loops)
+
+    def where(t: float) -> str:
+        for i, (a, b) in enumerate(ordered):
+            name = families[i % len(families)] if families else "?"
+            if a <= t <= b:
+                return f"in {name}'s loop"
+            if t < a:
+                return "the command's start" if i == 0 else f"before {name}'s loop"
+        return "after the last loop"
+
+    gaps = [(b - a, a) for a, b in zip(edges, starts) if b - a > 0]
+    return [{"from_s": a - began, "seconds": length, "where": where(a)}
+            for length, a in sorted(gaps, key=lambda gap: (-gap[0], gap[1]))[:top]]
+
+
 def after_first(phases: Phases, sampler: UtilizationSampler, command_span: tuple[float, float],
                 gpus: int = 1) -> dict[str, Any] | None:
     """Issue 58's two start figures: the seconds from the command's start to the GPU's first
@@ -457,6 +483,10 @@ def print_report(result: dict[str, Any]) -> None:
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
           f"{idle['after_last_s']:.2f} s after its last")
+    gaps = result.get("longest_gaps")
+    if gaps:
+        print("longest with the GPU child idle: " + "; ".join(
+            f"{gap['seconds']:.2f} s at {gap['from_s']:.1f} s ({gap['where']})" for gap in gaps))
     ahead = result.get("compiled_ahead")
     if ahead:
         print(f"compiles begun ahead of the model's asks: {ahead['begun']}, "
@@ -565,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
                     tuning_span=tuning_span, gpus=gpus)
     result["after_first"] = after_first(phases, sampler, (began, tuning_span[1]), gpus)
     families = [f.name for f in options.families if f.offered_on(arch)]
+    if gpus == 1:  # (with several, a gap of one GPU is not the host's)
+        result["longest_gaps"] = longest_gaps(phases.child_spans, phases.loops, families,
+                                              began, tuning_span[1])
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),
         "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu,

@@ -4,11 +4,15 @@ stand-in bench. Each candidate is measured once: the study's ask takes the openi
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
+
 import db
 import kernels
 import pytest
 from tuner.lifetime import kill_pool
-from tuner.measure.live import LiveEvaluator, Opening
+from tuner.measure.live import CompilePool, LiveEvaluator, Opening
 from tuner.measure.phases import SETUP
 from tuner.measure.testing import PLANTED_COMPILE_ERROR, PLANTED_OK, PlantedFamily
 from tuner.problem import Problem
@@ -67,19 +71,57 @@ def test_an_opening_that_cannot_list_its_candidates_still_starts_the_command(tmp
         assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
 
 
-def test_stopped_by_the_command_the_opening_leaves_what_it_did_not_post_as_compiles(tmp_path):
-    """``wait_started`` stops the opening wherever it is: each candidate is then either with
-    the child or a prepared compile, and every ask is measured once."""
+def test_the_command_s_first_work_stops_the_opening_and_keeps_the_rest_as_compiles(tmp_path):
+    """The opening goes on after ``wait_started`` (the command's imports, stores and first
+    set-up) and stops at the first work handed to the evaluator, wherever it is: each
+    candidate is then either with the child or a prepared compile, and every ask is measured
+    once."""
     started = LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing",
                             wait=False,
                             opening=opening(*((NAIVE, config) for config in NAIVE_CONFIGS)))
     with started as evaluator:
         evaluator.wait_started()
-        posted = len(evaluator.lanes[0].queued)
-        assert posted + len(evaluator._compiles) == len(NAIVE_CONFIGS)
+        assert evaluator._starting is not None  # still posting
         assert all(evaluator.prepare(NAIVE, c) is None for c in NAIVE_CONFIGS)  # nothing new
+        assert evaluator._starting is None  # stopped by the first prepare
+        posted = len(evaluator.lanes[0].queued)
         assert len(evaluator._compiles) == len(NAIVE_CONFIGS) - posted
         tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS]
+        assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(NAIVE_CONFIGS)
+        assert evaluator.phases.answers == len(NAIVE_CONFIGS)
+
+
+def test_the_opening_posts_after_the_start_until_the_command_hands_over_work(tmp_path,
+                                                                            monkeypatch):
+    """The GPU would wait through the command's imports and set-up: compiles that finish after
+    ``wait_started`` are posted too (here held until then), up to the command's first work."""
+    gate = threading.Event()
+    real = CompilePool.submit
+
+    def held(pool: CompilePool, family: object, config: dict[str, int]) -> Future:
+        compiled, out = real(pool, family, config), Future()
+
+        def finish() -> None:
+            gate.wait()
+            out.set_result(compiled.result())
+
+        threading.Thread(target=finish, daemon=True).start()
+        return out
+
+    monkeypatch.setattr(CompilePool, "submit", held)
+    started = LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing",
+                            wait=False,
+                            opening=opening(*((NAIVE, config) for config in NAIVE_CONFIGS)))
+    with started as evaluator:
+        evaluator.wait_started()
+        assert not evaluator.lanes[0].queued  # nothing compiled yet
+        gate.set()
+        deadline = time.monotonic() + 60
+        while len(evaluator.lanes[0].queued) < len(NAIVE_CONFIGS):
+            assert time.monotonic() < deadline, "the opening stopped posting"
+            time.sleep(0.05)
+        tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS]
+        assert tickets == list(evaluator.lanes[0].queued)  # the opening's own
         assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(NAIVE_CONFIGS)
         assert evaluator.phases.answers == len(NAIVE_CONFIGS)
 
@@ -112,20 +154,26 @@ def test_the_command_measures_its_first_studys_starting_point_once(tmp_path, mon
         database.close()
 
 
-def test_the_opening_is_the_first_offered_familys_accepted_starting_points():
-    """The first study's family on this GPU: wgmma on a Hopper GPU, naive (the next one named)
-    where wgmma is not offered (Ampere)."""
+def test_the_opening_is_every_offered_familys_accepted_starting_points_in_study_order():
+    """The first problem's studies, in the order they run, on this GPU: wgmma's starting
+    points then naive's on a Hopper GPU; naive's alone where wgmma is not offered (Ampere);
+    no more of a family's than a study's trial budget."""
     from tuner.run.cli import parse_args
     from tuner.run.tune import opening as opening_of
 
     plan = opening_of(parse_args(["--kernel", "wgmma", "--kernel", "naive",
-                                  "--shape", "100x90x80"]))
+                                  "--shape", "100x90x80", "--shape", "64x64x64"]))
+    assert plan.problem == Problem(100, 90, 80)
     wgmma = kernels.get_family("wgmma")
     hopper = plan.candidates("sm_90")
-    assert len(hopper) == len(wgmma.starting_points) > 1
-    assert all(f.name == "wgmma" and wgmma.accepts(c, "sm_90") for f, c in hopper)
+    assert [f.name for f, _ in hopper] == ["wgmma"] * len(wgmma.starting_points) + ["naive"]
+    assert len(wgmma.starting_points) > 1
+    assert all(wgmma.accepts(c, "sm_90") for f, c in hopper if f.name == "wgmma")
+    assert hopper[-1][1] == dict(NAIVE.starting_points[0])
     assert [(f.name, c) for f, c in plan.candidates("sm_80")] == [
         ("naive", dict(NAIVE.starting_points[0]))]
+    short = opening_of(parse_args(["--kernel", "wgmma", "--shape", "100x90x80", "--trials", "2"]))
+    assert [c for _, c in short.candidates("sm_90")] == [dict(c) for c in wgmma.starting_points[:2]]
     # a transposed problem's programs: the study binds the family the same way
     nt = opening_of(parse_args(["--kernel", "naive", "--shape", "100x90x80:nt"]))
     (family, _), = nt.candidates("sm_90")

@@ -114,6 +114,22 @@ def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
     assert idle["child_busy_share"] == pytest.approx(3.49 / 6.5)
 
 
+def test_the_longest_gaps_say_when_and_where_the_gpu_child_waited():
+    throughput = bench_module("throughput")
+    spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0), (5.01, 6.0)]
+    loops = [(0.9, 3.2), (3.6, 6.1)]
+    gaps = throughput.longest_gaps(spans, loops, ["naive", "smem"], 0.0, 7.0, top=4)
+    assert [(g["from_s"], g["where"]) for g in gaps] == [
+        (0.0, "the command's start"), (3.0, "in naive's loop"), (6.0, "in smem's loop"),
+        (2.0, "in naive's loop")]
+    assert [g["seconds"] for g in gaps] == pytest.approx([1.0, 1.0, 1.0, 0.5])
+    assert throughput.longest_gaps(spans, [(0.9, 3.2), (3.6, 6.1)], ["naive", "smem"], 0.0, 7.0,
+                                   top=1) == [gaps[0]]
+    (between,) = throughput.longest_gaps([(1.0, 3.3), (3.5, 4.0)], loops, ["naive", "smem"],
+                                         1.0, 4.0, top=1)
+    assert between["where"] == "before smem's loop" and between["seconds"] == pytest.approx(0.2)
+
+
 def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
     throughput = bench_module("throughput")
 
@@ -180,6 +196,7 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     assert set(result["study_start_parts"]) == {"startup_wait", "study_storage", "study_model", "study_prior"}
     assert result["study_start_parts"]["study_storage"] > 0  # the run record, at least
     assert "one-time start: start_imports" in done.stdout
+    assert result["longest_gaps"] and "longest with the GPU child idle" in done.stdout
 
 
 def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):

@@ -451,11 +451,12 @@ ALL_DEVICES = "all"
 @dataclass(frozen=True)
 class Opening:
     """What the GPU measures first, while the command's search is still starting (its imports,
-    the first study's start-up): the first problem, with its inputs, reference and cuBLAS
-    baseline, and candidates its studies ask for first whatever their search (declared starting
-    points), chosen once the GPU's architecture is known (``candidates(arch)``: bound families
-    and configs). Each answer waits for the study's ask, which takes it instead of measuring
-    again (docs/measurement.md, "The command's start and end")."""
+    the stores, the first study's start-up): the first problem, with its inputs, reference and
+    cuBLAS baseline, and candidates its studies ask for first whatever their search (declared
+    starting points), chosen once the GPU's architecture is known (``candidates(arch)``: bound
+    families and configs, in the order they are asked). Each answer waits for the study's ask,
+    which takes it instead of measuring again (docs/measurement.md, "The command's start and
+    end")."""
 
     problem: Problem
     candidates: Callable[[str], list[tuple[Any, dict[str, int]]]]
@@ -499,7 +500,8 @@ class LiveEvaluator:
         child cannot measure or the GPUs are of several models); else at once, and
         ``wait_started`` does that later (the caller imports meanwhile). ``opening``: measured
         from the moment the children are ready: with ``wait`` all of it is posted before the
-        return; else on a thread, as its compiles finish, until ``wait_started``."""
+        return; else on a thread, as its compiles finish, until the caller first hands the
+        evaluator work (``_take_over``)."""
         self.trial_timeout_s = trial_timeout_s
         self.setup_timeout_s = setup_timeout_s
         self.queue_depth = max(1, queue_depth)
@@ -526,9 +528,11 @@ class LiveEvaluator:
         self._opened: dict[tuple, Ticket] = {}
         self._opening_left: dict[tuple, tuple[Any, dict[str, int], Future[_Compiled]]] = {}
         self._opening_baseline: tuple[Problem, dict[str, Any] | RuntimeError] | None = None
+        self._opening_problem: Problem | None = None
         self._stop_opening = threading.Event()
+        self._ready = threading.Event()  # the children and the compile processes started
         self._start_error: BaseException | None = None
-        self._starting: threading.Thread | None = None
+        self._starting: threading.Thread | None = None  # the start's, then the opening's
         self._started = False
         try:
             self._warming = self.pool.start()
@@ -556,25 +560,38 @@ class LiveEvaluator:
 
     def wait_started(self) -> None:
         """Wait until the GPU children are ready and every compile process has started (at
-        once after the first time), stopping the opening where it still posts: what it has not
-        posted yet stays as prepared compiles. A child that cannot measure raises
-        GpuUnavailable or RuntimeError, as do GPUs of several models, and the evaluator is
-        closed."""
+        once after the first time); the opening goes on posting until ``_take_over``. A child
+        that cannot measure raises GpuUnavailable or RuntimeError, as do GPUs of several
+        models, and the evaluator is closed."""
         if self._started:
             return
         if self._starting is not None:
-            self._stop_opening.set()
-            self._starting.join()
-            self._starting = None
+            self._ready.wait()
         try:
             if self._start_error is not None:
+                self._take_over()
                 error, self._start_error = self._start_error, None
                 raise error
-            self._add_counted_lanes()
+            if self._count_devices:
+                self._take_over()  # the opening's thread posts to the lanes this adds to
+                self._add_counted_lanes()
         except BaseException:
             self.close()
             raise
         self._started = True
+
+    def _take_over(self) -> None:
+        """The caller's first work for the evaluator (a compile, a ticket, a problem): the
+        opening stops where it is, and what it has not posted yet stays as prepared compiles.
+        Until then it posts each candidate as its compile finishes, through the imports, the
+        stores' opening and the first study's set-up, while the GPU would otherwise wait
+        (docs/measurement.md, "The command's start and end"). From here only the caller's
+        thread touches the children."""
+        if self._starting is None:
+            return
+        self._stop_opening.set()
+        self._starting.join()
+        self._starting = None
         for key, (family, config, future) in self._opening_left.items():
             self._compiles.setdefault(key[0], future)
         self._opening_left.clear()
@@ -593,6 +610,14 @@ class LiveEvaluator:
                 self._open(opening)
         except BaseException as error:  # noqa: BLE001  raised again by wait_started
             self._start_error = error
+            return
+        finally:
+            self._ready.set()
+        try:
+            self._post_opening()
+        except BaseException:  # noqa: BLE001  the command goes on without the rest of it
+            log.warning("the opening stopped on an error; the search measures without it",
+                        exc_info=True)
 
     def _add_counted_lanes(self) -> None:
         """With ``"all"``: a lane for each other GPU the first child counted, given the problem
@@ -623,9 +648,9 @@ class LiveEvaluator:
                 + "; name the GPUs of one model, and tune the others with a command of their own")
 
     def _open(self, opening: Opening) -> None:
-        """Set the opening's problem up and time cuBLAS on it while its candidates compile, then
-        post each candidate as its compile finishes, until stopped. (Off the main thread: no
-        phases are timed here, and nothing else reads the children until wait_started.)"""
+        """Set the opening's problem up and time cuBLAS on it while its candidates compile.
+        (Off the main thread: no phases are timed here, and nothing else reads the children
+        until ``_take_over``.)"""
         problem = opening.problem
         try:
             candidates = opening.candidates(self.arch())
@@ -642,6 +667,11 @@ class LiveEvaluator:
             self._opening_baseline = (problem, self._request_baseline())
         except RuntimeError as error:  # no cuBLAS: raised again at the command's baseline
             self._opening_baseline = (problem, error)
+        self._opening_problem = problem
+
+    def _post_opening(self) -> None:
+        """Post each opening candidate as its compile finishes, until ``_take_over``."""
+        problem = self._opening_problem
         while self._opening_left and not self._stop_opening.is_set():
             futures = [future for _, _, future in self._opening_left.values()]
             wait(futures, timeout=_OPENING_POLL_S, return_when=FIRST_COMPLETED)
@@ -673,6 +703,7 @@ class LiveEvaluator:
         return self.child.arch
 
     def set_problem(self, problem: Problem) -> None:
+        self._take_over()
         if problem == self.problem:
             return  # inputs and the float64 reference are already in place
         self._drain()
@@ -690,6 +721,7 @@ class LiveEvaluator:
     def baseline(self) -> Baseline:
         """cuBLAS on the first GPU: the study's one baseline, whichever GPU measured a config
         (the opening's, where it timed this problem)."""
+        self._take_over()
         opened, self._opening_baseline = self._opening_baseline, None
         if opened is not None and opened[0] == self.problem:
             result = opened[1]
@@ -709,6 +741,7 @@ class LiveEvaluator:
         return program_id(family, config)
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
+        self._take_over()
         key = self._key(family, config)
         if key not in self._compiles and (key, self.problem) not in self._opened:
             with self.phases.timed(PREPARE):
@@ -718,6 +751,7 @@ class LiveEvaluator:
         """The study let a prepared candidate go: its compile is cancelled where it has not
         begun and no other prepared config shares it, and its result is not kept (it was held
         until the evaluator closed)."""
+        self._take_over()
         key = self._key(family, config)
         self._opened.pop((key, self.problem), None)  # (answered in turn, then dropped)
         future = self._compiles.pop(key, None)
@@ -730,6 +764,7 @@ class LiveEvaluator:
         candidates asked next; how many began. For the configs a search will likely ask
         for next (``ModelSampler.upcoming``): when it asks, their compiles are done or
         under way instead of starting then."""
+        self._take_over()
         began, configs = 0, iter(configs)
         with self.phases.timed(PREPARE):
             while self.pool.idle() > SPARE_WORKERS:  # (checked before one more is taken)
@@ -741,6 +776,7 @@ class LiveEvaluator:
 
     def ready(self, family: Any, config: dict[str, int]) -> bool:
         """Whether the config's compile (``prepare``) has finished: submit takes it at once."""
+        self._take_over()
         key = self._key(family, config)
         future = self._compiles.get(key)
         return (key, self.problem) in self._opened or (future is not None and future.done())
@@ -748,6 +784,7 @@ class LiveEvaluator:
     def wait_any(self, family: Any, configs: Iterable[dict[str, int]]) -> None:
         """Block until the compile of one of the prepared ``configs`` is done (at once where
         one is, or none of them is prepared)."""
+        self._take_over()
         futures = [future for config in configs
                    if (future := self._compiles.get(self._key(family, config))) is not None]
         if futures:
@@ -761,6 +798,7 @@ class LiveEvaluator:
         """Wait for the config's compile and hand it to the GPU child; returns at once after
         (the opening's ticket, where it posted this config). Collect tickets in the order they
         were submitted."""
+        self._take_over()
         if problem != self.problem:
             self.set_problem(problem)
         key = self._key(family, config)
@@ -807,6 +845,7 @@ class LiveEvaluator:
 
     def collect(self, ticket: Ticket) -> Measurement:
         """The measurement of a submitted candidate (blocks until its GPU's child answers it)."""
+        self._take_over()
         while ticket.answer is None:
             lane = ticket.lane
             assert lane is not None and lane.queued, "a ticket of another evaluator"
@@ -882,6 +921,8 @@ class LiveEvaluator:
 
     def close(self) -> None:
         self._stop_opening.set()
+        if self._ready.is_set():
+            self._take_over()  # (its thread posts no more to the children stopped below)
         left = list(self._opening_left.values())  # (one step: the start thread may still post)
         for future in [*self._compiles.values(), *(future for _, _, future in left)]:
             future.cancel()

@@ -141,24 +141,30 @@ def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_opti
 
 def opening(options: Options) -> Any:
     """What the GPU measures while the command still starts (``tuner.measure.live.Opening``):
-    the first study's declared starting points, those its family accepts on the GPU. Its warm
-    start asks for them first, whatever the search and before the model or the prior is
-    ready, so the GPU measures from its first second instead of after the first start-up
-    (docs/measurement.md, "The command's start and end"). None where there is no study."""
+    the declared starting points of every study of the first problem, in the order the
+    studies run, those each family accepts on the GPU (no more per family than a study's trial
+    budget). Each study's warm start asks for them first, whatever the search, so the GPU
+    measures from its first second instead of after the first start-up, and through the
+    imports, the stores' opening and the first study's set-up (docs/measurement.md, "The
+    command's start and end"). None where there is no study."""
     import kernels
     from tuner.measure.live import Opening
 
     if not options.problems or not options.families:
         return None
     problem = options.problems[0]
+    most = options.budget.trials
 
     def candidates(arch: str) -> list[tuple[Any, dict[str, int]]]:
-        first = next((f for f in options.families if f.offered_on(arch)), None)
-        if first is None:
-            return []
-        family = kernels.bind(first, problem.layout, problem.batch)
-        return [(family, dict(config)) for config in first.starting_points
-                if not first.refusals(dict(config), arch)]
+        chosen: list[tuple[Any, dict[str, int]]] = []
+        for family in options.families:
+            if not family.offered_on(arch):
+                continue
+            bound = kernels.bind(family, problem.layout, problem.batch)
+            accepted = [dict(config) for config in family.starting_points
+                        if not family.refusals(dict(config), arch)]
+            chosen += [(bound, config) for config in accepted[:most]]
+        return chosen
 
     return Opening(problem, candidates)
 
