@@ -1,6 +1,6 @@
 """Two GPUs, one study (issue 17 part 3): two tuner processes sharing one Optuna storage.
 
-    python bench/shared_study.py --gpus 0,1 [--one-command] [--shape MxNxK ...] [--family F ...] [--trials 60]
+    python bench/shared_study.py --gpus 0,1 [--one-command [--no-claims]] [--shape MxNxK ...] [--family F ...] [--trials 60]
         [--repeats 1] [--patience 0] [--timeout 120] [--kill-after 10] [--heartbeat 2]
         [--stale-after 8] [--storage URL] [--cache DIR] [--skip-kill] [--out FILE] [--logs DIR]
 
@@ -25,7 +25,9 @@ a compile one worker has begun, the other waits for). The JSON is written after 
    and the ratio of the times to the trial budget's last result (the pair's throughput).
 
    With ``--one-command``, the pair is one ``python -m tuner --gpus G0,G1`` (one process, a GPU
-   child per device, one search with both GPUs' batch) instead of two processes.
+   child per device, one search with both GPUs' batch) instead of two processes; with
+   ``--no-claims`` too, the single run and that command run ``--no-claim-trials`` (one search
+   needs claims only against other workers on the storage; what claims cost: docs/fleet.md).
 
 ``--repeats N`` runs phases 1 and 2 N times, alternating (fresh databases and caches each
 time); the speed-up reported is the median over the repeats, a repeat in which the pair never
@@ -124,6 +126,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--one-command", action="store_true",
                         help="the pair phase as one python -m tuner --gpus G0,G1[,...] (one "
                              "search on all of them) instead of two worker processes")
+    parser.add_argument("--no-claims", action="store_true",
+                        help="with --one-command and --skip-kill: the single run and the one "
+                             "command without claims (--no-claim-trials), as one search alone "
+                             "on the storage")
     parser.add_argument("--shape", action="append", default=[],
                         help=f"MxNxK (repeat; default: {' '.join(DEFAULT_SHAPES)})")
     parser.add_argument("--family", action="append", default=[],
@@ -185,6 +191,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                      "more GPUs need --one-command")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least 1")
+    if args.no_claims and not (args.one_command and args.skip_kill):
+        parser.error("--no-claims needs --one-command and --skip-kill: two worker processes, "
+                     "and the kill phase's retried claim, need claims")
     if not 0 < args.heartbeat < args.stale_after:
         parser.error(f"--stale-after {args.stale_after:g} must be above --heartbeat "
                      f"{args.heartbeat:g} > 0")
@@ -264,7 +273,8 @@ def tuner_argv(args: argparse.Namespace, gpu: int | tuple[int, ...], urls: tuple
                studies: list[tuple[str, str]], kill: bool) -> list[str]:
     results_url, storage_url = urls
     devices = ["--gpu", str(gpu)] if isinstance(gpu, int) else ["--gpus", ",".join(map(str, gpu))]
-    argv = [*devices, "--db", results_url, "--storage", storage_url, "--claim-trials",
+    claims = "--no-claim-trials" if args.no_claims else "--claim-trials"
+    argv = [*devices, "--db", results_url, "--storage", storage_url, claims,
             "--trials", str(args.trials), "--patience", str(args.patience),
             "--timeout", f"{args.timeout:g}", "--cache", str(cache), "-v"]
     for family in dict.fromkeys(f for f, _ in studies):
@@ -672,7 +682,8 @@ def out_path(args: argparse.Namespace, gpus: list[dict[str, str]]) -> Path:
     if args.out:
         return args.out
     name = gpus[0]["name"] if gpus else "gpu"
-    return HERE / "results" / f"shared_study-{gpu_slug(name)}{f'-one-command-{len(args.gpus)}' if args.one_command else ''}.json"
+    one = f"-one-command-{len(args.gpus)}" if args.one_command else ""
+    return HERE / "results" / f"shared_study-{gpu_slug(name)}{one}{'-no-claims' if args.no_claims else ''}.json"
 
 
 def assemble(args: argparse.Namespace, repeats: list[dict[str, Any]],
@@ -693,6 +704,7 @@ def assemble(args: argparse.Namespace, repeats: list[dict[str, Any]],
             "kill_after_s": args.kill_after, "heartbeat_s": args.heartbeat,
             "stale_after_s": args.stale_after},
         "storage": "--storage" if args.storage else "pgserver (private)",
+        "claims": not args.no_claims,
         "kill": kill, "speedup": speed,
         "verdicts": verdicts(args.gpus, args.one_command, repeats, speed, kill),
         "wall_s": time.monotonic() - begun, "host": socket.gethostname(),

@@ -145,7 +145,7 @@ def test_one_command_on_two_gpus_is_one_run_measuring_the_budget_once(tmp_path):
                       "--out", str(out), measure_s=0.05)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
-    assert result["mode"] == "2 GPUs, one command (--gpus)"
+    assert result["mode"] == "2 GPUs, one command (--gpus)" and result["claims"] is True
     verdicts = result["verdicts"]  # the fleet issue's two figures for two GPUs
     assert verdicts["configs_per_s"]["target"] == 1.8 and verdicts["time_to_best"]["target"] == 0.6
     [repeat] = result["repeats"]
@@ -155,6 +155,22 @@ def test_one_command_on_two_gpus_is_one_run_measuring_the_budget_once(tmp_path):
     assert key == "naive 128x128x128" and study["duplicates"] == 0
     assert [r["measured"] for r in study["runs"]] == [12]
     assert "2 GPUs (0, 1; " in Path(worker["log"]).read_text()
+
+
+def test_without_claims_the_runs_say_so_and_only_one_command_may(capsys):
+    shared = _shared_study()
+    args = shared.parse_args(["--one-command", "--no-claims", "--skip-kill"])
+    argv = shared.tuner_argv(args, (0, 1), ("db", "storage"), Path("cache"), [("naive", "64x64x64")],
+                             kill=False)
+    assert "--no-claim-trials" in argv and "--claim-trials" not in argv
+    assert shared.out_path(args, []).name == "shared_study-gpu-one-command-2-no-claims.json"
+    claimed = shared.parse_args(["--one-command", "--skip-kill"])
+    assert "--claim-trials" in shared.tuner_argv(claimed, (0, 1), ("db", "storage"), Path("cache"),
+                                                 [("naive", "64x64x64")], kill=False)
+    for refused in (["--no-claims", "--skip-kill"], ["--one-command", "--no-claims"]):
+        with pytest.raises(SystemExit):
+            shared.parse_args(refused)
+        assert "--no-claims needs --one-command and --skip-kill" in capsys.readouterr().err
 
 
 def test_one_command_needs_distinct_gpus(capsys):
