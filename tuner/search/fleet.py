@@ -135,9 +135,9 @@ class SharedStudy:
         return self.storage.get_trial_number_from_id(trial_id)
 
     def claim(self, params: dict[str, int],
-              distributions: dict[str, BaseDistribution]) -> tuple[int, int] | None:
-        """Register a candidate as RUNNING with a first heartbeat; returns (trial id, number),
-        or None where another worker took it first. It is stored WAITING, given its heartbeat,
+              distributions: dict[str, BaseDistribution]) -> int | None:
+        """Register a candidate as RUNNING with a first heartbeat; returns its trial id (its
+        number is read when it is finished), or None where another worker took it first. It is stored WAITING, given its heartbeat,
         then turned RUNNING: Optuna never fails a RUNNING trial without a heartbeat as stale,
         so a worker killed between storing a RUNNING claim and its first heartbeat left its
         config held for good (docs/fleet.md, "Claims and the constant liar"). Killed before the
@@ -154,7 +154,7 @@ class SharedStudy:
             self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
             self.others_open[trial_id] = self.storage.get_trial(trial_id)
             return None
-        return trial_id, self.storage.get_trial_number_from_id(trial_id)
+        return trial_id
 
     def _turn_running(self, trial_id: int) -> bool:
         """WAITING → RUNNING, atomic in the storage; False where another worker took the trial

@@ -725,11 +725,10 @@ class StudyRun:
         claim = None
         if self.shared.claims:
             self._flush()  # the claim is written now, before measuring: after queued writes
-            claimed = self.shared.claim(trial.params, self.distributions)
-            if claimed is None:  # another worker took it before it was ours: its result comes
+            claim = self.shared.claim(trial.params, self.distributions)
+            if claim is None:  # another worker took it before it was ours: its result comes
                 self.study.tell(trial, state=TrialState.FAIL)
                 return False
-            claim, _ = claimed
             self._pull()
             if (key in self.known or self.shared.claimed_before(key, claim)
                     or self._budget_full_before(claim)):
