@@ -65,6 +65,10 @@ WAIT_FOR_OTHERS_S = 0.5
 # Without claims (one worker, or a few on one SQLite file) others' results are pulled at most
 # this often: each pull also reads back this worker's own recent trials.
 UNCLAIMED_PULL_EVERY_S = 2.0
+# With claims, before a window is refilled, unless a pull came this recently: every claimed ask
+# pulls after its claim anyway (that pull settles races for a config), so at one ask per answer
+# the refill's own pull read the storage a second time a trial for what is at most this stale.
+CLAIMED_PULL_EVERY_S = 0.1
 ERROR_ATTR_LIMIT = 1000
 
 
@@ -437,7 +441,7 @@ class StudyRun:
         self.loop_started = 0.0
         self.fruitless = 0
         self.run_id = 0
-        self.next_pull = 0.0
+        self.pulled_at = -math.inf  # the last pull (monotonic)
         self.writer = StoreWriter(background=session.background_store)
         self.while_draining: Draining | None = None  # run's, until called
         # compile_ahead's rows (of accepted_all): the model's next asks as its fit number
@@ -539,6 +543,7 @@ class StudyRun:
     def _pull(self) -> None:
         self._flush()  # our own writes first: the pull reads them back (and skips them)
         self._learn(self.shared.pull())
+        self.pulled_at = time.monotonic()
 
     def _flush(self) -> None:
         """Wait for the writer thread's queue to drain (raising its error, if any): before
@@ -745,9 +750,9 @@ class StudyRun:
             self._fill()
 
     def _fill(self) -> None:
-        if self.shared.claims or time.monotonic() >= self.next_pull:
+        every = CLAIMED_PULL_EVERY_S if self.shared.claims else UNCLAIMED_PULL_EVERY_S
+        if time.monotonic() - self.pulled_at >= every:
             self._pull()
-            self.next_pull = time.monotonic() + UNCLAIMED_PULL_EVERY_S
         if self.shared.claims:
             self._take_retries()
         while (
