@@ -137,12 +137,13 @@ class SharedStudy:
     def claim(self, params: dict[str, int],
               distributions: dict[str, BaseDistribution]) -> int | None:
         """Register a candidate as RUNNING with a first heartbeat; returns its trial id (its
-        number is read when it is finished), or None where another worker took it first. It is stored WAITING, given its heartbeat,
-        then turned RUNNING: Optuna never fails a RUNNING trial without a heartbeat as stale,
-        so a worker killed between storing a RUNNING claim and its first heartbeat left its
-        config held for good (docs/fleet.md, "Claims and the constant liar"). Killed before the
-        turn, it leaves a WAITING trial: a queued retry, as a stale claim's. The caller pulls
-        next and asks ``claimed_before``: two workers may claim one config at the same moment."""
+        number is read when it is finished), or None where another worker took it first. It
+        is stored WAITING, given its heartbeat, then turned RUNNING: Optuna never fails a
+        RUNNING trial without a heartbeat as stale, so a worker killed between storing a
+        RUNNING claim and its first heartbeat left its config held for good (docs/fleet.md,
+        "Claims and the constant liar"). Killed before the turn, it leaves a WAITING trial: a
+        queued retry, as a stale claim's. The caller pulls next and asks ``claimed_before``:
+        two workers may claim one config at the same moment."""
         template = create_trial(state=TrialState.WAITING, params=params,
                                 distributions=distributions,
                                 system_attrs={WORKER_ATTR: worker_id()})

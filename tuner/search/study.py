@@ -65,9 +65,9 @@ WAIT_FOR_OTHERS_S = 0.5
 # Without claims (one worker, or a few on one SQLite file) others' results are pulled at most
 # this often: each pull also reads back this worker's own recent trials.
 UNCLAIMED_PULL_EVERY_S = 2.0
-# With claims, before a window is refilled, unless a pull came this recently: every claimed ask
-# pulls after its claim anyway (that pull settles races for a config), so at one ask per answer
-# the refill's own pull read the storage a second time a trial for what is at most this stale.
+# With claims, the window's refill pulls unless a pull came this recently: every claimed ask
+# pulls after its claim anyway (that pull settles a race for the config), and a second read per
+# trial bought a view at most this much fresher (docs/fleet.md, "One pull per claimed ask").
 CLAIMED_PULL_EVERY_S = 0.1
 ERROR_ATTR_LIMIT = 1000
 
