@@ -236,3 +236,15 @@ def test_devices_must_be_distinct():
     with pytest.raises(ValueError, match="distinct"):
         LiveEvaluator([0, 0], backend="tuner.testing")
 
+
+
+def test_the_stand_in_takes_another_gpu_models_name_for_profiles(tmp_path, monkeypatch):
+    """GEMMTUNE_STANDIN_NAME names the stand-in GPU (in the child, which reports it) as another
+    model, so that a CPU profile of the start-ups reads that model's bundled recordings."""
+    from tuner.measure.testing import NAME_ENV, StandInEvaluator
+
+    assert StandInEvaluator().info()["name"] == "Stand-in GPU (analytic model)"
+    monkeypatch.setenv(NAME_ENV, "NVIDIA H200")
+    assert StandInEvaluator().info()["name"] == "NVIDIA H200"
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing") as evaluator:
+        assert evaluator.info()["name"] == "NVIDIA H200"

@@ -60,11 +60,17 @@ def model_optimum(family: Any, problem: Problem) -> dict[str, int]:
     }
 
 
+NAME_ENV = "GEMMTUNE_STANDIN_NAME"
+
+
 @dataclass
 class StandInEvaluator:
     """Deterministic evaluator for CPU tests; every call is logged in ``calls``."""
 
-    gpu_name: str = "Stand-in GPU (analytic model)"
+    # GEMMTUNE_STANDIN_NAME: another model's name, so that the search reads that model's bundled
+    # recordings (a profile of the start-ups as on that GPU, on the CPU)
+    gpu_name: str = field(default_factory=lambda: os.environ.get(NAME_ENV)
+                          or "Stand-in GPU (analytic model)")
     gpu_uuid: str = "GPU-00000000-stand-in"
     # config → planted state (wrong_result, crashed, timeout, launch_error, compile_error) or None
     fault: Callable[[dict[str, int]], str | None] = lambda config: None
