@@ -53,9 +53,8 @@ Optuna's own).
 
 Warm-started rows run the tuner's own warm start (``tuner.search.warmstart``) on a fresh
 database seeded with recorded optima (as finished runs): ``prior+warm`` and ``default+warm``
-(``--warm-start``; the
-prior set-up, and the default learning leave-one-out as its cold rows do) with the family's
-optimum on every OTHER problem recorded on the same GPU model; ``prior+xmodel``
+(``--warm-start``; the prior set-up, and the default learning leave-one-out as its cold rows do)
+with the family's optimum on every OTHER problem recorded on the same GPU model; ``prior+xmodel``
 (``--cross-model``, issue 17 part 2) runs the prior set-up with the family's optimum on every
 problem each OTHER GPU model's recording holds, the searched one included (what a service that
 tuned that model knows), stored under that model's GPU — nothing of the searched model. Its

@@ -528,7 +528,6 @@ class LiveEvaluator:
         self._opened: dict[tuple, Ticket] = {}
         self._opening_left: dict[tuple, tuple[Any, dict[str, int], Future[_Compiled]]] = {}
         self._opening_baseline: tuple[Problem, dict[str, Any] | RuntimeError] | None = None
-        self._opening_problem: Problem | None = None
         self._stop_opening = threading.Event()
         self._ready = threading.Event()  # the children and the compile processes started
         self._start_error: BaseException | None = None
@@ -613,8 +612,10 @@ class LiveEvaluator:
             return
         finally:
             self._ready.set()
+        if opening is None:
+            return
         try:
-            self._post_opening()
+            self._post_opening(opening.problem)
         except BaseException:  # noqa: BLE001  the command goes on without the rest of it
             log.warning("the opening stopped on an error; the search measures without it",
                         exc_info=True)
@@ -667,11 +668,9 @@ class LiveEvaluator:
             self._opening_baseline = (problem, self._request_baseline())
         except RuntimeError as error:  # no cuBLAS: raised again at the command's baseline
             self._opening_baseline = (problem, error)
-        self._opening_problem = problem
 
-    def _post_opening(self) -> None:
+    def _post_opening(self, problem: Problem) -> None:
         """Post each opening candidate as its compile finishes, until ``_take_over``."""
-        problem = self._opening_problem
         while self._opening_left and not self._stop_opening.is_set():
             futures = [future for _, _, future in self._opening_left.values()]
             wait(futures, timeout=_OPENING_POLL_S, return_when=FIRST_COMPLETED)
