@@ -74,8 +74,12 @@ __device__ __forceinline__ void load_tile_async(float* S, const float* G, int ld
 // four), small = x - big exactly. Rounded, small takes either sign, so the tensor core's
 // truncation of small and the dropped small*small term err both ways instead of always toward
 // zero (docs/kernels.md, "Round-to-nearest splits (formerly truncated)").
+__device__ __forceinline__ unsigned tf32_nearest(float x) {
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    big = tf32_nearest(x);
     small = __float_as_uint(x - __uint_as_float(big));
 }
 
@@ -88,19 +92,41 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// A fragment of one 16-row strip and k-step: (row g, k t), (row g + 8, k t), (row g, k t + 4),
+// (row g + 8, k t + 4). Volatile loads: warp_slice reads each fragment twice on purpose (below),
+// and a merged read would keep four k-steps of fragments alive in registers.
+__device__ __forceinline__ void load_a_fragment(const float* As, int row0, int k, float (&a)[4]) {
+    const int lane = threadIdx.x % 32;
+#if TA
+    const volatile float* p = As + (k + lane % 4) * LDA_S + row0 + lane / 4;
+    a[0] = p[0];
+    a[1] = p[8];
+    a[2] = p[4 * LDA_S];
+    a[3] = p[4 * LDA_S + 8];
+#else
+    // ldmatrix.x4: lanes 0-7 / 8-15 / 16-23 / 24-31 address rows of the four 8x4 FP32 quarters
+    // (rows 0-7 | 8-15) x (k 0-3 | 4-7), which land exactly as the m16n8k8 A fragment.
+    const float* p = As + (row0 + lane % 16) * LDA_S + k + (lane / 16) * 4;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=f"(a[0]), "=f"(a[1]), "=f"(a[2]), "=f"(a[3])
+                 : "r"(smem_addr(p)));
+#endif
+}
+
 // One BK-deep slice of the warp's WM x WN tile, in groups of KG k-steps (8 deep each).
 #define KG KGROUP
 // The tensor core accumulates with truncation; fed the running sum for all of K, that bias grows
 // with K (rel. error 3e-5 at K=4096, measured). So each (mma tile, group) sums its k-steps from
-// zero and joins the running sum in one round-to-nearest FADD. Loop order keeps that cheap in
-// registers: B fragments of the group, then per 16-row strip its A fragments.
+// zero and joins the running sum in one round-to-nearest FADD. Within a group the cross terms of
+// all its k-steps go first and the big*big products last, so the cross terms are not cut at the
+// big products' scale (docs/kernels.md, "A model of the tensor core's accumulation"). The A
+// fragments are read and rounded again for the big*big pass rather than kept, which measured
+// faster (docs/kernels.md, "tf32x3 sums small-first"). B fragments of the group are held for all
+// 16-row strips.
 __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int warp_m0, int warp_n0,
                                            float (&acc)[MI][NI][4]) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    // ldmatrix.x4: lanes 0-7 / 8-15 / 16-23 / 24-31 address rows of the four 8x4 FP32 quarters
-    // (rows 0-7 | 8-15) x (k 0-3 | 4-7), which land exactly as the m16n8k8 A fragment.
-    const int a_row = lane % 16, a_col = (lane / 16) * 4;
 #pragma unroll
     for (int k0 = 0; k0 < BK; k0 += 8 * KG) {
         unsigned b_big[KG][NI][2], b_small[KG][NI][2];
@@ -120,35 +146,30 @@ __device__ __forceinline__ void warp_slice(const float* As, const float* Bs, int
             }
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
-            unsigned a_big[KG][4], a_small[KG][4];
-#pragma unroll
-            for (int ks = 0; ks < KG; ++ks) {
-                float a[4];
-#if TA  // A fragment: (row g, k t), (row g + 8, k t), (row g, k t + 4), (row g + 8, k t + 4)
-                const float* p = As + (k0 + ks * 8 + t) * LDA_S + warp_m0 + mi * 16 + g;
-                a[0] = p[0];
-                a[1] = p[8];
-                a[2] = p[4 * LDA_S];
-                a[3] = p[4 * LDA_S + 8];
-#else
-                const float* p = As + (warp_m0 + mi * 16 + a_row) * LDA_S + k0 + ks * 8 + a_col;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=f"(a[0]), "=f"(a[1]), "=f"(a[2]), "=f"(a[3])
-                             : "r"(smem_addr(p)));
-#endif
-#pragma unroll
-                for (int j = 0; j < 4; ++j) split_tf32(a[j], a_big[ks][j], a_small[ks][j]);
-            }
+            const int row0 = warp_m0 + mi * 16;
             // NI independent chains, one MMA of each in turn, so no MMA waits on the previous one.
             float part[NI][4] = {};
 #pragma unroll
-            for (int ks = 0; ks < KG; ++ks) {
+            for (int ks = 0; ks < KG; ++ks) {  // cross terms
+                float a[4];
+                unsigned a_big[4], a_small[4];
+                load_a_fragment(As, row0, k0 + ks * 8, a);
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_small[ks], b_big[ks][ni]);
+                for (int j = 0; j < 4; ++j) split_tf32(a[j], a_big[j], a_small[j]);
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_big[ks], b_small[ks][ni]);
+                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_small, b_big[ks][ni]);
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_big[ks], b_big[ks][ni]);
+                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_big, b_small[ks][ni]);
+            }
+#pragma unroll
+            for (int ks = 0; ks < KG; ++ks) {  // big*big
+                float a[4];
+                unsigned a_big[4];
+                load_a_fragment(As, row0, k0 + ks * 8, a);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a_big[j] = tf32_nearest(a[j]);
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) mma_tf32(part[ni], a_big, b_big[ks][ni]);
             }
 #pragma unroll
             for (int ni = 0; ni < NI; ++ni) {
