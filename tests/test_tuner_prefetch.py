@@ -324,10 +324,12 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
                                   prepared.fitted), distributions, [], seed + 1)
 
 
-def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp_path, caplog):
-    """Two shapes of one family in one command: the second study's start-up was prepared while
-    the database held nothing; by its start the first shape's trials are examples too, so the
-    prepared fit is set aside and the study fits on what it reads now."""
+def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_examples(
+        tmp_path, caplog):
+    """Two shapes of one family in one command: the second shape's start-up is prepared once the
+    first shape's trials are stored, so its fit is of the examples its study reads and the study
+    uses it (prepared a shape ahead, it was of fewer examples and the study fitted again on the
+    main thread, at every study of every later shape)."""
     database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
                        backend="tuner.testing") as evaluator, \
@@ -339,9 +341,34 @@ def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp
     database.close()
     assert [o.measured for _, _, o in summary.outcomes] == [6, 6]
     assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("learns from 6 measured configs of other problems (6 of naive;" in m
+               for m in messages)
+    assert not any("fit prepared ahead is of other examples" in m for m in messages)
+
+
+def test_a_study_whose_examples_grew_since_its_fit_was_prepared_fits_its_own(tmp_path, caplog):
+    """A start-up prepared before another problem's trials were stored (another worker sharing
+    the database, here a command run in between): the prepared fit is set aside and the study
+    fits on the examples it reads at its start."""
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    later = Problem(192, 160, 128)
+    budget = Budget(trials=6, timeout_s=60, patience=None)
+    with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
+                       backend="tuner.testing") as evaluator, \
+            caplog.at_level(logging.INFO, logger="tuner.search.study"):
+        session = _live_session(evaluator, database, tmp_path / "cubins", prefetch_startup=True,
+                                training=None, sampler="default")
+        with StartupPrefetch(session) as prefetch:
+            prefetch.plan([(NAIVE, later)])
+            prepared = prefetch.take(NAIVE, later)  # of an empty database
+        assert prepared is not None and prepared.fitted is not None
+        run_session.tune_all(session, [NAIVE], [PROBLEM], budget)  # 6 trials stored meanwhile
+        evaluator.set_problem(later)
+        outcome = run_session.StudyRun(session, NAIVE, later, budget, None, prepared).run()
+    database.close()
+    assert outcome.measured == 6
     assert any("fit prepared ahead is of other examples" in r.getMessage()
-               for r in caplog.records)
-    assert any("learns from 6 measured configs of other problems (6 of naive;" in r.getMessage()
                for r in caplog.records)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from itertools import takewhile
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -127,16 +128,21 @@ def tune_all(
     started = time.monotonic()
     order = [(problem, family) for problem in problems for family in families]
     weight_of = [float(weights.get(problem, 0.0)) if weights else 1.0 for problem, _ in order]
+    wanted = _prior_wanted(session, order) if session.prefetch_startup else None
     with StartupPrefetch(session) as prefetch:
-        # All but the first in the process, in order; the first on a thread, beside the
-        # baseline: the process, still importing when the first study starts, would leave the
-        # GPU idle longer (docs/measurement.md, "Start-ups prepared ahead").
-        if session.prefetch_startup and order:
-            wanted = _prior_wanted(session, order)
-            first_problem, first_family = order[0]
-            prefetch.prepare_here(first_family, first_problem,
-                                  wanted(first_family, first_problem))
-            prefetch.plan(((family, problem) for problem, family in order[1:]), wanted)
+
+        def plan_shape(first: int) -> None:
+            """The start-ups of the studies of ``order[first]``'s shape, planned at its start,
+            once the shapes before have stored every trial: a fit prepared earlier is of fewer
+            examples than its study reads, and the study fitted again on the main thread, the
+            GPU idle (docs/measurement.md, "Start-ups planned shape by shape"). The shape's
+            first on a thread beside its baseline, the others in the processes, in order."""
+            if wanted is None:
+                return
+            problem = order[first][0]
+            families = [family for _, family in takewhile(lambda o: o[0] == problem, order[first:])]
+            prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
+            prefetch.plan(((family, problem) for family in families[1:]), wanted)
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now."""
@@ -153,6 +159,7 @@ def tune_all(
         index = 0
         while index < len(order) and not session.stop.requested:
             problem = order[index][0]
+            plan_shape(index)
             session.evaluator.set_problem(problem)
             baseline = _measure_baseline(session, problem)
             if baseline is not None:

@@ -112,13 +112,13 @@ def can_prefetch(session: Session, family: Any) -> bool:
             and getattr(session.evaluator, "compiled_usage", None) is None)
 
 
-# Start-ups prepared and not yet taken, at most: the processes work through the command's
-# studies in order and rest only this far ahead (each holds a family's accepted configs: a
-# shape's eleven about 120 MB at 2048³, and for the model their feature rows, 64 MB more). A
-# whole shape ahead, so that it does not rest while the first study (naive: seconds of GPU work
-# per config, few cheap compiles) leaves cores to spare; with 4 it stopped after blocktile2d's
-# and vectorized's start-ups there. (On a slow host it is busy the whole command anyway:
-# docs/measurement.md, "Start-ups prepared ahead".)
+# Start-ups prepared and not yet taken, at most: the processes work through the studies planned
+# in order and rest only this far ahead (each holds a family's accepted configs: a shape's
+# eleven about 120 MB at 2048³, and for the model their feature rows, 64 MB more). A whole
+# shape's (they are planned shape by shape), so that the processes do not rest while the first
+# study (naive: seconds of GPU work per config, few cheap compiles) leaves cores to spare; with
+# 4 they stopped after blocktile2d's and vectorized's start-ups there (docs/measurement.md,
+# "Start-ups prepared ahead").
 AHEAD = 11
 
 
@@ -174,10 +174,10 @@ class StartupPrefetch:
                 session.batch, session.seed, session.prior_compiles, cache, rank, examples)
 
     def prepare_here(self, family: Any, problem: Problem, rank: bool) -> None:
-        """Prepare the command's first start-up on a thread of this process, while the main
-        thread waits for the GPU child's one-time start (inputs, float64 reference, cuBLAS
-        baseline), instead of after it with the GPU idle: the process would take longer to
-        start than the start-up takes. (Measured at fresh 2048³ on the H100: at most 0.3 s
+        """Prepare a shape's first start-up on a thread of this process, while the main thread
+        waits for the GPU child to set the shape up (inputs, float64 reference, cuBLAS
+        baseline), instead of after it with the GPU idle: at the command's start the process
+        would take longer to start than the start-up takes. (Measured at fresh 2048³ on the H100: at most 0.3 s
         less idle before the first answer; docs/measurement.md, "Start-ups prepared ahead".)"""
         if not can_prefetch(self.session, family) or self._broken:
             return
