@@ -140,7 +140,8 @@ def tune_all(
             if wanted is None:
                 return
             problem = order[first][0]
-            families = [family for _, family in takewhile(lambda o: o[0] == problem, order[first:])]
+            shape = takewhile(lambda study: study[0] == problem, order[first:])
+            families = [family for _, family in shape]
             prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
             prefetch.plan(((family, problem) for family in families[1:]), wanted)
 

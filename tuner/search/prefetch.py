@@ -177,8 +177,9 @@ class StartupPrefetch:
         """Prepare a shape's first start-up on a thread of this process, while the main thread
         waits for the GPU child to set the shape up (inputs, float64 reference, cuBLAS
         baseline), instead of after it with the GPU idle: at the command's start the process
-        would take longer to start than the start-up takes. (Measured at fresh 2048³ on the H100: at most 0.3 s
-        less idle before the first answer; docs/measurement.md, "Start-ups prepared ahead".)"""
+        would take longer to start than the start-up takes. (Measured at fresh 2048³ on the
+        H100: at most 0.3 s less idle before the first answer; docs/measurement.md, "Start-ups
+        prepared ahead".)"""
         if not can_prefetch(self.session, family) or self._broken:
             return
         if self._here is None:
