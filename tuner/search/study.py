@@ -1029,9 +1029,10 @@ class StudyRun:
             run_state, stop_reason = "interrupted", "interrupted"
             raise
         finally:
-            # whatever stopped the run, what it measured is written before it ends
-            with self.phases.timed(STORE):
-                write_error = self.writer.close()
+            # whatever stopped the run, what it measured is written before it ends; not a loop
+            # phase (the loop's phases add up to at most its wall time): after a loop that ended
+            # normally it flushed already, and this only ends the writer's thread
+            write_error = self.writer.close()
             self._count_background()
             if write_error is not None:
                 run_state, stop_reason = "failed", "error"
