@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from itertools import takewhile
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -131,17 +130,14 @@ def tune_all(
     wanted = _prior_wanted(session, order) if session.prefetch_startup else None
     with StartupPrefetch(session) as prefetch:
 
-        def plan_shape(first: int) -> None:
-            """The start-ups of the studies of ``order[first]``'s shape, planned at its start,
-            once the shapes before have stored every trial: a fit prepared earlier is of fewer
-            examples than its study reads, and the study fitted again on the main thread, the
-            GPU idle (docs/measurement.md, "Start-ups planned shape by shape"). The shape's
-            first on a thread beside its baseline, the others in the processes, in order."""
+        def plan_shape(problem: Problem) -> None:
+            """The start-ups of ``problem``'s studies, planned at its start, once the shapes
+            before have stored every trial: a fit prepared earlier is of fewer examples than its
+            study reads, and the study fitted again on the main thread, the GPU idle
+            (docs/measurement.md, "Start-ups planned shape by shape"). The first on a thread
+            beside the shape's baseline, the others in the processes, in order."""
             if wanted is None:
                 return
-            problem = order[first][0]
-            shape = takewhile(lambda study: study[0] == problem, order[first:])
-            families = [family for _, family in shape]
             prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
             prefetch.plan(((family, problem) for family in families[1:]), wanted)
 
@@ -160,7 +156,7 @@ def tune_all(
         index = 0
         while index < len(order) and not session.stop.requested:
             problem = order[index][0]
-            plan_shape(index)
+            plan_shape(problem)
             session.evaluator.set_problem(problem)
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
