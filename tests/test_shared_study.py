@@ -14,9 +14,11 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+import db
 from bench_support import bench_module
 from db.testing import PG_URL_ENV, postgres_available
 from tuner.measure.testing import MEASURE_ENV
@@ -59,7 +61,7 @@ def test_two_workers_on_one_gpu_share_the_study_and_retry_a_killed_claim(tmp_pat
     done = run_script("--gpus", "0,0", "--shape", "128x128x128", "--family", "naive", "--trials", "36",
                       "--repeats", "2", "--timeout", "30", "--kill-after", "0", "--heartbeat", "0.5",
                       "--stale-after", "2", "--cache", str(tmp_path / "cubins"), "--out", str(out),
-                      measure_s=0.25)
+                      "--retime-rounds", "0", measure_s=0.25)  # re-timing: the one-command test
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[kill] ended" in done.stdout and "mechanics only" in done.stdout
 
@@ -155,6 +157,45 @@ def test_one_command_on_two_gpus_is_one_run_measuring_the_budget_once(tmp_path):
     assert key == "naive 128x128x128" and study["duplicates"] == 0
     assert [r["measured"] for r in study["runs"]] == [12]
     assert "2 GPUs (0, 1; " in Path(worker["log"]).read_text()
+    # the stand-in's timing of a config never changes, so re-timing moves no run's time to best
+    retimed = repeat["retimed"]["per_study"][key]
+    assert retimed["single_best_retimed_gflops"] == retimed["single_best_measured_gflops"]
+    assert retimed["single"]["time_to_target_s"] == repeat["single"]["studies"][key]["time_to_target_s"]
+    assert retimed["pair"]["time_to_target_s"] == study["time_to_target_s"]
+    assert retimed["retimed"][0]["params"] == repeat["single"]["studies"][key]["best_params"]
+    assert "by re-timed speeds" in verdicts["time_to_best"]["note"]
+
+
+def _trial(number: int, params: dict[str, int], gflops: float, at_s: float) -> db.Trial:
+    return db.Trial(id=number, run_id=1, number=number, params=params, state="ok", error=None,
+                    compile_seconds=None, registers=None, shared_bytes=None, spill_bytes=None,
+                    occupancy=None, time_min_ms=None, time_median_ms=1.0, time_max_ms=None,
+                    launches=None, gflops=gflops, sm_clock_mhz=None, started_at=None,
+                    recorded_at=START + timedelta(seconds=at_s))
+
+
+START = datetime(2026, 11, 29, tzinfo=timezone.utc)
+
+
+def test_re_timed_speeds_are_one_ruler_for_both_runs():
+    """The single run's best was a lucky timing (B at 104): measured, the pair never reaches
+    it. Re-timed, B is no faster than A, which the pair measured first: it reached the level
+    at 0.5 s, the single run at 1 s. C, measured 10 % below, is not re-timed."""
+    shared = _shared_study()
+    a, b, c = {"X": 1}, {"X": 2}, {"X": 3}
+    alone = shared.StudyTrials(START, [_trial(0, a, 100.0, 1.0), _trial(1, c, 94.0, 2.0),
+                                       _trial(2, b, 104.0, 5.0)])
+    together = shared.StudyTrials(START, [_trial(0, a, 99.0, 0.5), _trial(1, c, 93.0, 0.6)])
+    assert shared.retime_candidates(alone, together) == [b, a]
+    assert together.first_at_or_above(104.0 * (1 - shared.BEST_TOLERANCE)) is None
+    speeds = {"naive 8x8x8": {shared.params_key(a): 101.0, shared.params_key(b): 101.2}}
+    result = shared.retimed_speedups({"naive 8x8x8": alone}, {"naive 8x8x8": together},
+                                     speeds, rounds=5)
+    row = result["per_study"]["naive 8x8x8"]
+    assert row["level_gflops"] == pytest.approx(101.2 * (1 - shared.BEST_TOLERANCE))
+    assert row["single"]["time_to_target_s"] == 1.0 and row["single"]["params"] == a
+    assert row["pair"]["time_to_target_s"] == 0.5
+    assert row["speedup"] == result["overall"] == 2.0
 
 
 def test_without_claims_the_runs_say_so_and_only_one_command_may(capsys):

@@ -32,7 +32,7 @@ import random
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import kernels
 
@@ -145,17 +145,18 @@ def left_to_measure(recording: Recording, family: str, problem: Problem,
 # the search benchmark's target. ``--retime-fastest K`` times each shape's K fastest configs
 # ``--retime-rounds`` more times and keeps the median.
 RETIME_ROUNDS = 4
+Result = TypeVar("Result")  # whatever one measurement gives: a RecordedResult, a Measurement
 
 
 def time_in_rounds(configs: Sequence[dict[str, int]], rounds: int,
-                   measure: Callable[[dict[str, int]], RecordedResult], rng: random.Random
-                   ) -> list[list[RecordedResult]]:
+                   measure: Callable[[dict[str, int]], Result], rng: random.Random
+                   ) -> list[list[Result]]:
     """Each config measured ``rounds`` times, every round in a fresh random order, so that the
     clock's drift and the GPU's heat fall on all configs alike; per round, one result per
     config, in the given order."""
     timed = []
     for _ in range(rounds):
-        results: list[RecordedResult | None] = [None] * len(configs)
+        results: list[Result | None] = [None] * len(configs)
         for i in rng.sample(range(len(configs)), len(configs)):
             results[i] = measure(configs[i])
         timed.append(results)
