@@ -58,7 +58,7 @@ def fraction(gflops: float | None, baseline: float | None) -> float | None:
 def best_config(b: db.BestResult) -> s.BestConfig:
     return s.BestConfig(
         family=b.family, source_hash=b.source_hash, config=dict(b.params), gflops=b.gflops,
-        time_median_ms=b.time_median_ms, cublas_gflops=b.baseline_gflops, fraction_of_cublas=b.fraction_of_cublas,
+        time_median_ms=b.time_median_ms, timings=b.timings, cublas_gflops=b.baseline_gflops, fraction_of_cublas=b.fraction_of_cublas,
         occupancy=b.occupancy, registers=b.registers, run_id=b.run_id, trial_number=b.trial_number,
         trial_id=b.trial_id, problem=problem_out(b.problem),
     )  # fmt: skip
@@ -69,7 +69,7 @@ def trial_out(t: db.Trial, baseline_gflops: float | None) -> s.TrialOut:
         number=t.number, params=dict(t.params), state=t.state, error=t.error, compile_seconds=t.compile_seconds,
         registers=t.registers, shared_bytes=t.shared_bytes, spill_bytes=t.spill_bytes, occupancy=t.occupancy,
         time_min_ms=t.time_min_ms, time_median_ms=t.time_median_ms, time_max_ms=t.time_max_ms,
-        launches=t.launches, gflops=t.gflops, sm_clock_mhz=t.sm_clock_mhz,
+        launches=t.launches, gflops=t.gflops, sm_clock_mhz=t.sm_clock_mhz, timings=t.timings,
         fraction_of_cublas=fraction(t.gflops, baseline_gflops), started_at=t.started_at, recorded_at=t.recorded_at,
     )  # fmt: skip
 

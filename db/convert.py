@@ -36,7 +36,7 @@ def trial(row: TrialRow) -> Trial:
         occupancy=row.occupancy, time_min_ms=row.time_min_ms,
         time_median_ms=row.time_median_ms, time_max_ms=row.time_max_ms,
         launches=row.launches, gflops=row.gflops, sm_clock_mhz=row.sm_clock_mhz,
-        started_at=row.started_at, recorded_at=row.recorded_at,
+        started_at=row.started_at, recorded_at=row.recorded_at, timings=row.timings or 1,
     )
 
 

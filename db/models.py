@@ -179,6 +179,9 @@ class TrialRow(Base):
     sm_clock_mhz: Mapped[int | None] = mapped_column(Integer)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # how many timings of the config the figure is the median of (Database.retime_trial);
+    # NULL: its one timing
+    timings: Mapped[int | None] = mapped_column(Integer)
 
 
 class BaselineRow(Base):

@@ -274,4 +274,5 @@ def _result(row: Any, requested: tuple[int, int, int], match: str, distance: flo
         registers=trial.registers, shared_bytes=trial.shared_bytes,
         spill_bytes=trial.spill_bytes, baseline_gflops=baseline_gflops,
         fraction_of_cublas=None if baseline_gflops is None else trial.gflops / baseline_gflops,
+        timings=trial.timings or 1,
     )

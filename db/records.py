@@ -230,6 +230,7 @@ class Trial:
     sm_clock_mhz: int | None
     started_at: datetime | None
     recorded_at: datetime
+    timings: int = 1  # the figure is the median of this many timings (Database.retime_trial)
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ class BestResult:
     spill_bytes: int | None
     baseline_gflops: float | None
     fraction_of_cublas: float | None
+    timings: int = 1  # gflops is the median of this many timings (Database.retime_trial)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,12 @@ def positive_int(what: str, value: Any) -> int:
     return value
 
 
+def positive_number(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise bad_value(what, value, "a finite number > 0")
+    return float(value)
+
+
 def shape(m: Any, n: Any, k: Any) -> tuple[int, int, int]:
     return positive_int("m", m), positive_int("n", n), positive_int("k", k)
 

@@ -163,6 +163,29 @@ class Writes(DatabaseCore):
                 ) from exc
             raise
 
+    def retime_trial(self, trial_id: int, *, timings: int, time_median_ms: float,
+                     gflops: float, time_min_ms: float | None = None,
+                     time_max_ms: float | None = None, launches: int | None = None,
+                     sm_clock_mhz: int | None = None) -> None:
+        """Replace a verified trial's timing by the median of ``timings`` timings of its config
+        (one of them, whole: its times, launches, clock and GFLOP/s; tuner.run.retime). Its
+        config, state and compile report stay."""
+        if isinstance(timings, bool) or not isinstance(timings, int) or timings < 2:
+            raise bad_value("timings", timings, "an int >= 2 (the first timing and more)")
+        validate.positive_number("time_median_ms", time_median_ms)
+        validate.positive_number("gflops", gflops)
+        with self._writing() as session:
+            row = session.get(TrialRow, trial_id)
+            if row is None:
+                raise InvalidInputError(f"no trial with id {trial_id}; allowed: a stored trial's id")
+            if row.state != "ok":
+                raise InvalidInputError(
+                    f"trial {trial_id} is {row.state!r}; only a verified ('ok') trial has a "
+                    "timing to replace")
+            row.timings, row.time_median_ms, row.gflops = timings, time_median_ms, gflops
+            row.time_min_ms, row.time_max_ms = time_min_ms, time_max_ms
+            row.launches, row.sm_clock_mhz = launches, sm_clock_mhz
+
     def finish_run(self, run_id: int, state: str) -> None:
         """End a running run as "finished", "interrupted" or "failed" and stamp ended_at."""
         validate.run_state(state, END_STATES)

@@ -256,6 +256,40 @@ def test_top_k_for_problem_and_run(database: db.Database) -> None:
     assert database.top_k("NVIDIA H100 80GB HBM3", 64, 64, 64) == []
 
 
+def test_a_re_timed_trial_serves_its_median_timing_and_says_of_how_many(
+        database: db.Database) -> None:
+    """A lucky first timing (900) re-timed to 640 loses the best to the config at 700."""
+    run = new_run(database)
+    lucky = database.add_trial(run, ok(0, 900.0, sm_clock_mhz=1980, launches=40))
+    database.add_trial(run, ok(1, 700.0))
+    gpu = "NVIDIA H100 80GB HBM3"
+    assert database.best(gpu, 1024, 1024, 1024).trial_id == lucky
+    database.retime_trial(lucky, timings=4, time_median_ms=1000.0 / 640.0, gflops=640.0,
+                          time_min_ms=1.5, time_max_ms=1.7, launches=38, sm_clock_mhz=1755)
+    best = database.best(gpu, 1024, 1024, 1024)
+    assert (best.trial_id, best.gflops) == (lucky + 1, 700.0)
+    assert [t.gflops for t in database.top_k_for_run(run, limit=2)] == [700.0, 640.0]
+    assert [(t.gflops, t.timings) for t in database.best_table()] == [(700.0, 1)]
+    first = database.run_history(run)[0]
+    assert (first.gflops, first.timings, first.sm_clock_mhz, first.launches,
+            first.params) == (640.0, 4, 1755, 38, {"BM": 64, "BN": 128})
+
+
+def test_re_timing_refuses_what_it_cannot_store_and_changes_nothing(database: db.Database) -> None:
+    run = new_run(database)
+    trial = database.add_trial(run, ok(0, 900.0))
+    failed = database.add_trial(run, db.TrialRecord(1, {"BM": 9}, "launch_error", error="bad grid"))
+    for bad, message in ((dict(trial_id=trial, timings=1), "timings"),
+                         (dict(trial_id=trial, gflops=-1.0), "gflops"),
+                         (dict(trial_id=trial, time_median_ms=math.nan), "time_median_ms"),
+                         (dict(trial_id=failed), r"only a verified \('ok'\) trial"),
+                         (dict(trial_id=trial + 99), "no trial with id")):
+        arguments = dict(timings=3, time_median_ms=1.0, gflops=1000.0) | bad
+        with pytest.raises(db.InvalidInputError, match=message):
+            database.retime_trial(**arguments)
+    assert [(t.gflops, t.timings) for t in database.run_history(run)] == [(900.0, 1), (None, 1)]
+
+
 # ---------------------------------------------------------------- listings
 
 

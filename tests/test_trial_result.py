@@ -46,7 +46,8 @@ def test_the_database_records_carry_exactly_the_result_fields():
     record = [f.name for f in dataclasses.fields(db.TrialRecord)]
     assert record == ["number", "params", *NAMES, "started_at"]
     stored = [f.name for f in dataclasses.fields(db.Trial)]
-    assert stored == ["id", "run_id", "number", "params", *NAMES, "started_at", "recorded_at"]
+    assert stored == ["id", "run_id", "number", "params", *NAMES, "started_at", "recorded_at",
+                      "timings"]
     for field in db.TRIAL_RESULT:
         assert hints(db.TrialRecord)[field.name] == stored_type(field), field.name
         assert hints(db.Trial)[field.name] == stored_type(field), field.name
