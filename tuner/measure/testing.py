@@ -76,6 +76,9 @@ class StandInEvaluator:
     fault: Callable[[dict[str, int]], str | None] = lambda config: None
     # send this process SIGINT (as Ctrl-C would) right after this many evaluations
     interrupt_after: int | None = None
+    # the clock at the n-th evaluation (from 1), a fraction of the full 1980 MHz: a throttling
+    # GPU, whose timings of one config differ with when it ran
+    clock: Callable[[int], float] = lambda call: 1.0
     calls: list[tuple[str, dict[str, int], Problem]] = field(default_factory=list)
     prepared: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     discarded: list[tuple[str, dict[str, int]]] = field(default_factory=list)
@@ -99,9 +102,10 @@ class StandInEvaluator:
     def baseline(self) -> Baseline:
         problem = self.problems[-1]
         self.baselines.append(problem)
-        gflops = STANDIN_CUBLAS_GFLOPS
+        clock = self.clock(len(self.calls))
+        gflops = STANDIN_CUBLAS_GFLOPS * clock
         return Baseline("cublas", 2.0 * problem.m * problem.n * problem.k / (gflops * 1e6),
-                        gflops, 1980)
+                        gflops, 1980 * clock)
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         self.prepared.append((family.name, dict(config)))
@@ -119,12 +123,13 @@ class StandInEvaluator:
         if planted is not None:
             return Measurement(state=planted, error=f"stand-in: planted {planted}",
                                compile_seconds=0.01)
-        gflops = model_gflops(family, config, problem)
+        clock = self.clock(len(self.calls))
+        gflops = model_gflops(family, config, problem) * clock
         ms = family.flops(problem.m, problem.n, problem.k) / (gflops * 1e6)
         return Measurement(
             state=OK, compile_seconds=0.01, registers=64, shared_bytes=16384, spill_bytes=0,
             occupancy=0.5, time_min_ms=ms * 0.99, time_median_ms=ms, time_max_ms=ms * 1.02,
-            launches=10, gflops=gflops, sm_clock_mhz=1980,
+            launches=10, gflops=gflops, sm_clock_mhz=1980 * clock,
         )
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from tuner.measure.live import ALL_DEVICES, BACKEND_ENV, DEFAULT_BACKEND
 from tuner.problem import DEFAULT_SHAPES, Problem, ShapeError, parse_shape
 from tuner.report import configure_logging
 from tuner.run.options import (DEFAULT_DRY_RUN_CONFIGS, DEFAULT_HEARTBEAT_S, DEFAULT_PATIENCE,
+                               DEFAULT_RETIME_ROUNDS,
                                DEFAULT_POLL_S, DEFAULT_STALE_AFTER_S, DEFAULT_TOTAL_SECONDS,
                                DEFAULT_TRIALS, EXIT_FAILED, EXIT_OK, BudgetOptions, DryRunOptions,
                                EvaluatorOptions, Options, SearchOptions, StoreOptions,
@@ -145,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0,
                         help="sampler seed; a resumed study offsets it by its trial count "
                              "(default: %(default)s)")
+    parser.add_argument("--retime-rounds", type=_non_negative_int, default=DEFAULT_RETIME_ROUNDS,
+                        metavar="N",
+                        help="once a shape's studies are done, time its fastest configs (those "
+                             "within 5%% of its best, 4 at most) N more times in shuffled "
+                             "rounds and keep each one's median, so that the pick is not made "
+                             "between timings at different clocks; 0: off (default: "
+                             "%(default)s; a replay never re-times)")
     parser.add_argument("--db", metavar="URL", default=None,
                         help="results database URL or SQLite file path (default: $GEMMTUNE_DB, "
                              "else sqlite:///$XDG_DATA_HOME/gemmtune/gemmtune.sqlite)")
@@ -280,7 +288,7 @@ def _options(args: argparse.Namespace, families: list, words: list[str],
         verbose=args.verbose,
         budget=BudgetOptions(trials=args.trials, timeout_s=args.timeout, patience=args.patience,
                              total_s=args.budget),
-        search=SearchOptions(sampler=args.sampler, seed=args.seed),
+        search=SearchOptions(sampler=args.sampler, seed=args.seed, retime_rounds=args.retime_rounds),
         stores=StoreOptions(db_url=args.db,
                             storage_url=args.storage or os.environ.get("GEMMTUNE_STORAGE") or None,
                             claim_trials=args.claim_trials, heartbeat_s=args.heartbeat,

@@ -31,6 +31,8 @@ DEFAULT_PATIENCE = 25
 DEFAULT_TOTAL_SECONDS = 780.0
 DEFAULT_JOB_SECONDS = 780.0  # a job's studies share this wall time unless its budget says
 DEFAULT_DRY_RUN_CONFIGS = 5
+# A shape's fastest configs are timed this many more times at its end (tuner.run.retime)
+DEFAULT_RETIME_ROUNDS = 3
 DEFAULT_POLL_S = 10.0
 DEFAULT_HEARTBEAT_S = 30.0
 # db.DEFAULT_STALE_AFTER_S, the default readers apply to runs that recorded none; not imported
@@ -73,10 +75,12 @@ class BudgetOptions:
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """--sampler, --seed: how each study proposes configs."""
+    """--sampler, --seed: how each study proposes configs; --retime-rounds: how a shape's
+    fastest configs are timed again before one is picked."""
 
     sampler: str = "default"
     seed: int = 0
+    retime_rounds: int = DEFAULT_RETIME_ROUNDS
 
 
 @dataclass(frozen=True)

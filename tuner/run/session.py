@@ -12,6 +12,7 @@ from tuner.measure.evaluator import Baseline
 from tuner.measure.recording import bundled
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
+from tuner.run.retime import refresh_bests, retime_shape
 from tuner.search.prefetch import StartupPrefetch
 from tuner.search.study import Budget, Session, StudyOutcome, StudyRun, ranks_prior
 
@@ -26,6 +27,8 @@ class Summary:
     outcomes: list[tuple[Problem, Any, StudyOutcome]] = field(default_factory=list)
     baselines: dict[Problem, Baseline] = field(default_factory=dict)
     interrupted: bool = False
+    retimed: int = 0  # trials whose figure is the median of several timings (tuner.run.retime)
+    retime_rounds: int = 0
 
     def best(self, problem: Problem) -> tuple[Any, StudyOutcome] | None:
         candidates = [(family, outcome) for p, family, outcome in self.outcomes
@@ -47,8 +50,28 @@ class Summary:
             rows.append([problem.label, family.name, config_text(outcome.best_config),
                          f"{gflops:,.0f}", fraction])
         title = "Best kernel per shape" + (" (interrupted)" if self.interrupted else "")
+        note = (f"\n(each shape's fastest configs and cuBLAS were timed {self.retime_rounds} more "
+                "times in shuffled rounds; the figures are the medians of their timings)"
+                if self.retimed else "")
         return title + "\n" + format_table(
-            ["shape", "family", "config", "GFLOP/s", "of cuBLAS"], rows)
+            ["shape", "family", "config", "GFLOP/s", "of cuBLAS"], rows) + note
+
+    def settle(self, session: Session, problem: Problem) -> None:
+        """Re-time ``problem``'s fastest configs (``tuner.run.retime``) and read its studies'
+        bests again."""
+        places = [i for i, (p, _, _) in enumerate(self.outcomes) if p == problem]
+        studies = [(self.outcomes[i][1], self.outcomes[i][2]) for i in places]
+        done = retime_shape(session, problem, studies, session.retime_rounds,
+                            self.baselines.get(problem))
+        if done.baseline is not None:
+            _store_baseline(session, problem, done.baseline)
+            self.baselines[problem] = done.baseline
+        if not done.retimed:
+            return
+        for i, outcome in zip(places, refresh_bests(session, studies, done.retimed)):
+            self.outcomes[i] = (problem, self.outcomes[i][1], outcome)
+        self.retimed += len(done.retimed)
+        self.retime_rounds = session.retime_rounds
 
 
 def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
@@ -57,6 +80,13 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     except RuntimeError as error:  # no cuBLAS on this host: tune anyway, without the fraction
         log.warning("no cuBLAS baseline for %s: %s", problem.shape, error)
         return None
+    _store_baseline(session, problem, baseline)
+    log.info("%s: %s %.0f GFLOP/s", problem.shape, baseline.library, baseline.gflops)
+    return baseline
+
+
+def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:
+    """The shape's baseline on this GPU, as the newest (the one fractions of cuBLAS read)."""
     problem_id = session.database.ensure_problem(
         problem.m, problem.n, problem.k, dtype=problem.dtype, layout=problem.layout,
         general_alpha_beta=problem.general_alpha_beta, batch=problem.batch,
@@ -66,8 +96,6 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
         gpu_id=session.gpu_id, problem_id=problem_id, library=baseline.library,
         time_median_ms=baseline.time_median_ms, gflops=baseline.gflops, sm_clock_mhz=sm_clock,
     )
-    log.info("%s: %s %.0f GFLOP/s", problem.shape, baseline.library, baseline.gflops)
-    return baseline
 
 
 def _prior_wanted(session: Session, order: list[tuple[Problem, Any]]) -> Any:
@@ -184,5 +212,7 @@ def tune_all(
                     current = None
                 else:
                     current = built[0] if built else study(index, baseline)
+            if session.retime_rounds and not session.stop.requested:
+                summary.settle(session, problem)
     summary.interrupted = session.stop.requested
     return summary

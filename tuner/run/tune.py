@@ -94,6 +94,8 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         prefetch_process=preparer,
         # a replay answers from a recording, perhaps a bundled one: it must not learn from it
         learn_from_recordings=getattr(evaluator, "recording", None) is None,
+        # a replay answers a config's recorded timing again: nothing to re-time
+        retime_rounds=search.retime_rounds if getattr(evaluator, "recording", None) is None else 0,
     )
 
 

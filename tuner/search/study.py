@@ -125,6 +125,8 @@ class Session:
     # that process, started already (tuner.search.preparer.start) where the command began it
     # beside the GPU child; else tune_all starts it
     prefetch_process: Any = None
+    # tune_all times a shape's fastest configs this many more times at its end (tuner.run.retime)
+    retime_rounds: int = 0
 
 
 @dataclass
