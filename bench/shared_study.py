@@ -92,6 +92,7 @@ from throughput import gpu_slug  # bench/ is sys.path[0] when this runs as a scr
 
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, LiveEvaluator
 from tuner.measure.record import time_in_rounds
+from tuner.run.retime import RETIME_BAND
 from tuner.problem import ShapeError, parse_shape
 from tuner.run.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from tuner.run.storage import open_storage
@@ -114,10 +115,9 @@ SETTLE_S = 0.5  # after stopping the victim, before reading what it holds
 DEFAULT_SHAPES = ("2048x2048x2048", "1023x1025x999")
 DEFAULT_FAMILIES = ("wgmma", "tf32x3")
 MECHANICS_ONLY = "mechanics only, no speed-up figure"
-# Re-timing: configs measured within this fraction of the single run's best (a run-to-run
-# spread of one config's timing is 2-4 %: docs/fleet.md, "At 0.5 % the time to best is a
-# measurement of noise"), at most RETIME_MAX of them per study, RETIME_ROUNDS rounds each.
-RETIME_BAND = 0.05
+# Re-timing: configs measured within RETIME_BAND of the single run's best (the tuner's own, a
+# run-to-run spread of one config's timing being 2-4 %: docs/fleet.md, "At 0.5 % the time to
+# best is a measurement of noise"), at most RETIME_MAX of them per study, RETIME_ROUNDS rounds.
 RETIME_MAX = 16
 RETIME_ROUNDS = 5
 

@@ -145,12 +145,12 @@ def left_to_measure(recording: Recording, family: str, problem: Problem,
 # the search benchmark's target. ``--retime-fastest K`` times each shape's K fastest configs
 # ``--retime-rounds`` more times and keeps the median.
 RETIME_ROUNDS = 4
-Result = TypeVar("Result")  # whatever one measurement gives: a RecordedResult, a Measurement
+Item = TypeVar("Item")  # what is measured: a config, or a config with its family
+Result = TypeVar("Result")  # what one measurement gives: a RecordedResult, a Measurement
 
 
-def time_in_rounds(configs: Sequence[dict[str, int]], rounds: int,
-                   measure: Callable[[dict[str, int]], Result], rng: random.Random
-                   ) -> list[list[Result]]:
+def time_in_rounds(configs: Sequence[Item], rounds: int, measure: Callable[[Item], Result],
+                   rng: random.Random) -> list[list[Result]]:
     """Each config measured ``rounds`` times, every round in a fresh random order, so that the
     clock's drift and the GPU's heat fall on all configs alike; per round, one result per
     config, in the given order."""

@@ -105,7 +105,7 @@ class StandInEvaluator:
         clock = self.clock(len(self.calls))
         gflops = STANDIN_CUBLAS_GFLOPS * clock
         return Baseline("cublas", 2.0 * problem.m * problem.n * problem.k / (gflops * 1e6),
-                        gflops, 1980 * clock)
+                        gflops, round(1980 * clock))
 
     def prepare(self, family: Any, config: dict[str, int]) -> None:
         self.prepared.append((family.name, dict(config)))
