@@ -179,8 +179,8 @@ def retime_shape(session: Session, problem: Problem,
                     problem.shape, passes)
     median_baseline = None
     if cublas and baseline is not None:
-        timings = sorted([baseline, *cublas], key=lambda b: b.gflops)
-        median_baseline = timings[(len(timings) - 1) // 2]
+        cublas = sorted([baseline, *cublas], key=lambda b: b.gflops)
+        median_baseline = cublas[(len(cublas) - 1) // 2]  # as _Config.median picks
     return Settled(retimed, median_baseline)
 
 
