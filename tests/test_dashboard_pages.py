@@ -148,3 +148,20 @@ def client_single_page(url: str) -> str:
     assert f"Only {STANDIN_GPU} has measured this problem" in text_of(page.text)
     assert 'id="plot-models"' not in page.text and "modelsOverlay" not in page.text
     return page.text
+
+
+def test_a_re_timed_figure_says_of_how_many_timings_it_is_the_median(tmp_path, client, tuned):
+    with db.open_database(tuned.url) as database:
+        pid = database.list_problems()[0].id
+    assert "median of" not in text_of(client.get(f"/runs/{tuned.run_ids[0]}").text)
+    url = f"sqlite:///{tmp_path}/results.sqlite"
+    retuned = tune_into(url, [("naive", SHAPE)], trials=4)
+    with db.open_database(url) as database:
+        top = database.top_k_for_run(retuned.run_ids[0], limit=1)[0]
+        database.retime_trial(top.trial_id, timings=4, time_median_ms=top.time_median_ms,
+                              gflops=top.gflops)
+        pid = database.list_problems()[0].id
+    with TestClient(create_app(url, api_token="")) as fresh:
+        for page in (f"/runs/{retuned.run_ids[0]}", f"/problems/{pid}"):
+            text = text_of(fresh.get(page).text)
+            assert f"{top.gflops:,.0f} median of 4" in text, page
