@@ -52,15 +52,10 @@ def processes(cores: int | None = None) -> int:
 
 
 def start(workers: int | None = None) -> ProcessPoolExecutor:
-    """The preparing processes (``workers``, default ``processes()``), all spawned now (a no-op
-    job each: the pool spawns a process per job while none is idle), so that every one's spawn
-    and imports overlap the command's start, not only the first's: spawned at its first job,
-    the second held the first shape's third study, blocktile1d, back by its own start
-    (docs/measurement.md, "Start-ups prepared ahead"). ``StartupPrefetch`` takes them over;
-    end them with ``tuner.lifetime.kill_pool``."""
-    count = workers or processes()
-    executor = ProcessPoolExecutor(max_workers=count, mp_context=mp.get_context("spawn"),
+    """The preparing processes (``workers``, default ``processes()``), the first spawned now
+    (its first job is a no-op), the others as start-ups are submitted; ``StartupPrefetch`` takes
+    them over. End them with ``tuner.lifetime.kill_pool``."""
+    executor = ProcessPoolExecutor(max_workers=workers or processes(), mp_context=mp.get_context("spawn"),
                                    initializer=_init, initargs=(os.getpid(),))
-    for _ in range(count):
-        executor.submit(os.getpid)
+    executor.submit(os.getpid)
     return executor
