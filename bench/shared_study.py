@@ -37,8 +37,9 @@ a compile one worker has begun, the other waits for). The JSON is written after 
    other config either run measured within RETIME_BAND of it (RETIME_MAX at most); each
    config's speed is the median of its rounds. The level is then the single run's best
    config's re-timed speed less 0.5 %, and each run reaches it at its first trial of a config
-   whose re-timed speed is at or above it: one ruler for both runs. A config not re-timed
-   (measured more than RETIME_BAND below) counts as below the level.
+   whose re-timed speed is at or above it: one ruler for both runs; likewise at RETIMED_LEVELS
+   of that speed. A config not re-timed (measured more than RETIME_BAND below) counts as below
+   the level.
 
 ``--repeats N`` runs phases 1 and 2 N times, alternating (fresh databases and caches each
 time); the speed-up reported is the median over the repeats, a repeat in which the pair never
@@ -120,6 +121,8 @@ MECHANICS_ONLY = "mechanics only, no speed-up figure"
 # best is a measurement of noise"), at most RETIME_MAX of them per study, RETIME_ROUNDS rounds.
 RETIME_MAX = 16
 RETIME_ROUNDS = 5
+# the levels told by re-timed speeds: those within the band, near which configs were re-timed
+RETIMED_LEVELS = tuple(level for level in LEVELS if level > 1 - RETIME_BAND)
 
 
 # ------------------------------------------------------------------ options
@@ -532,7 +535,8 @@ def first_reaching(study: StudyTrials, speeds: dict[str, float], level: float) -
 def retimed_speedups(alone: dict[str, StudyTrials], together: dict[str, StudyTrials],
                      speeds: dict[str, dict[str, float]], rounds: int) -> dict[str, Any]:
     """The time to the single run's best by re-timed speeds: the level is the single run's
-    best config's re-timed speed less BEST_TOLERANCE, for both runs alike."""
+    best config's re-timed speed less BEST_TOLERANCE, for both runs alike; and the same at
+    RETIMED_LEVELS of that speed (``levels``: single's time over the pair's, over the studies)."""
     rows: dict[str, Any] = {}
     for key, timed in speeds.items():
         best = alone[key].best
@@ -547,10 +551,20 @@ def retimed_speedups(alone: dict[str, StudyTrials], together: dict[str, StudyTri
                      "single_best_retimed_gflops": best_speed, "level_gflops": level,
                      "single": a, "pair": b,
                      "speedup": single_s / pair_s if single_s is not None and pair_s else None,
+                     "time_to_level_s": {f"{fraction:g}": {
+                         run: first_reaching(study, timed, best_speed * fraction)["time_to_target_s"]
+                         if study is not None else None
+                         for run, study in (("single", alone[key]), ("pair", together.get(key)))}
+                         for fraction in RETIMED_LEVELS},
                      "retimed": [{"params": json.loads(k), "gflops": v} for k, v in timed.items()]}
     overall = _ratio([(r["single"]["time_to_target_s"], r["pair"]["time_to_target_s"])
                       for r in rows.values()])[2]
-    return {"rounds": rounds, "band": RETIME_BAND, "per_study": rows, "overall": overall}
+    levels = {f"{fraction:g}": _ratio([(r["time_to_level_s"][f"{fraction:g}"]["single"],
+                                        r["time_to_level_s"][f"{fraction:g}"]["pair"])
+                                       for r in rows.values()])[2]
+              for fraction in RETIMED_LEVELS}
+    return {"rounds": rounds, "band": RETIME_BAND, "per_study": rows, "overall": overall,
+            "levels": levels}
 
 
 def _ratio(times: list[tuple[float | None, float | None]]) -> tuple[float | None, ...]:
@@ -597,7 +611,10 @@ def summary(repeats: list[dict[str, Any]]) -> dict[str, Any]:
                        for level in speeds[0]["levels"]},
             "budget": median_speedup([s["budget"] for s in speeds]),
             "retimed": {"overall": median_speedup(retimed), "per_repeat": retimed,
-                        "reached": sum(v is not None for v in retimed)}
+                        "reached": sum(v is not None for v in retimed),
+                        "levels": {f"{level:g}": median_speedup(
+                            [r["retimed"]["levels"][f"{level:g}"] for r in repeats])
+                            for level in RETIMED_LEVELS}}
             if len(retimed) == len(repeats) else None}
 
 
@@ -794,7 +811,9 @@ def print_report(result: dict[str, Any]) -> None:
             retimed = total["retimed"]
             print(f"re-timed: median speed-up to single's best {_x(retimed['overall'])} "
                   f"(per repeat {', '.join(map(_x, retimed['per_repeat']))}; reached in "
-                  f"{retimed['reached']} of {total['repeats']})")
+                  f"{retimed['reached']} of {total['repeats']}); at "
+                  + " / ".join(f"{float(level):.1%}" for level in retimed["levels"]) + ": "
+                  + " / ".join(_x(v) for v in retimed["levels"].values()))
     kill = result.get("kill")
     if kill:
         for claim in kill["killed_claims"]:

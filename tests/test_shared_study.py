@@ -196,6 +196,11 @@ def test_re_timed_speeds_are_one_ruler_for_both_runs():
     assert row["single"]["time_to_target_s"] == 1.0 and row["single"]["params"] == a
     assert row["pair"]["time_to_target_s"] == 0.5
     assert row["speedup"] == result["overall"] == 2.0
+    assert row["time_to_level_s"]["0.98"] == {"single": 1.0, "pair": 0.5}
+    assert result["levels"] == {"0.98": 2.0, "0.99": 2.0, "0.995": 2.0}
+    summary = shared.summary([{"speedup": {"overall": None, "levels": {"0.95": None},
+                                           "budget": 1.0}, "retimed": result}])
+    assert summary["retimed"]["levels"]["0.99"] == 2.0
 
 
 def test_without_claims_the_runs_say_so_and_only_one_command_may(capsys):
