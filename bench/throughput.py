@@ -3,10 +3,13 @@
     python bench/throughput.py --shape 2048x2048x2048 --timeout 15 [--family NAME ...]
         [--gpu 0 | --gpus 0,1] [--workers N] [--queue-depth 2] [--trials 80] [--patience 25]
         [--sampler default] [--cache DIR] [--out FILE]
+    python bench/throughput.py --budget 780          # the default command itself
 
 Runs the tuner's own code path (``python -m tuner``'s options, ``tuner.run.tune.tune``, the
 live evaluator: compile pool + GPU child) on a fresh temporary SQLite database, every study
-with the same ``--timeout``, and prints:
+with the same ``--timeout``, or (``--budget``) the studies sharing a wall time as the command's
+do by default; without ``--shape`` and ``--family``, the command's default shapes and every
+family. It prints:
 
 * per phase of the main thread (tuner.measure.phases): total seconds, share of the tuning
   wall time, seconds per trial; the GPU child's own phases (load, verify, time) beside them,
@@ -294,7 +297,8 @@ def gpu_slug(name: str) -> str:
 
 def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str]:
     devices = ["--gpus", args.gpus] if args.gpus else ["--gpu", str(args.gpu)]
-    argv = [*devices, "--timeout", str(args.timeout), "--trials", str(args.trials),
+    limit = ["--budget", f"{args.budget:g}"] if args.budget else ["--timeout", f"{args.timeout:g}"]
+    argv = [*devices, *limit, "--trials", str(args.trials),
             "--patience", str(args.patience), "--db", f"sqlite:///{db_path}",
             "--cache", str(cache), "--seed", str(args.seed), "--sampler", args.sampler]
     if args.workers:
@@ -514,7 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", action="append", default=[],
                         help="kernel family (repeat; default: all the GPU runs)")
     parser.add_argument("--shape", action="append", default=[], help="MxNxK (repeat)")
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per study")
+    time_limit = parser.add_mutually_exclusive_group()
+    time_limit.add_argument("--timeout", type=float, default=None,
+                            help="seconds per study (default: 15)")
+    time_limit.add_argument("--budget", type=float, default=None,
+                            help="seconds all studies share, as python -m tuner's --budget "
+                                 "(780: the default command)")
     parser.add_argument("--trials", type=int, default=80, help="as python -m tuner")
     parser.add_argument("--patience", type=int, default=25, help="as python -m tuner (0: off)")
     devices = parser.add_mutually_exclusive_group()
@@ -537,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpu is None:  # defaulted here: argparse takes an explicit 0 for the default
         args.gpu = 0
+    if args.timeout is None and args.budget is None:
+        args.timeout = 15.0
     # Imported here, not at the top: each process the tuner spawns (compile workers, the GPU
     # child, the start-up process) imports this script as its __main__ again, and these pull
     # in Optuna, SQLAlchemy and the database layer; at the top they made the bench's one-time
@@ -608,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": info.get("name"), "backend": backend, "command": options.command,
         "families": [f.name for f in options.families],
         "shapes": [p.shape for p in options.problems], "timeout_s": args.timeout,
+        "budget_s": args.budget,
         "workers": workers, "batch": batch, "queue_depth": evaluator.queue_depth,
         "compiled_ahead": ahead,
         "cores": os.cpu_count(), "standin_measure_s": args.standin_measure_s or None,

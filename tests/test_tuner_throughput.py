@@ -518,3 +518,25 @@ def test_throughput_bench_refuses_gpu_with_gpus(capsys):
         [sys.executable, str(ROOT / "bench" / "throughput.py"), "--gpu", "0", "--gpus", "0,1"],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_a_budget_runs_the_default_command_itself(capsys):
+    """``--budget`` passes the command's shared wall time instead of a time per study, and
+    without --shape and --family the command's own defaults stand: the default command."""
+    import argparse
+
+    from tuner.problem import DEFAULT_SHAPES
+    from tuner.run.cli import parse_args
+
+    throughput = bench_module("throughput")
+    args = argparse.Namespace(gpus=None, gpu=0, budget=780.0, timeout=None, trials=80,
+                              patience=25, seed=0, sampler="default", workers=None, family=[],
+                              shape=[])
+    argv = throughput.tuner_argv(args, Path("results.sqlite"), Path("cubins"))
+    assert argv[argv.index("--budget") + 1] == "780" and "--timeout" not in argv
+    options = parse_args(argv)
+    assert options.problems == list(DEFAULT_SHAPES) and not options.kernels_named
+    assert options.budget.total_s == 780 and options.budget.timeout_s is None
+    with pytest.raises(SystemExit):
+        throughput.main(["--timeout", "5", "--budget", "60"])
+    assert "not allowed with argument" in capsys.readouterr().err
