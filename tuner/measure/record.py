@@ -163,11 +163,15 @@ def time_in_rounds(configs: Sequence[Item], rounds: int, measure: Callable[[Item
     return timed  # type: ignore[return-value]
 
 
+def median_by(items: Sequence[Item], key: Callable[[Item], float]) -> Item:
+    """The item with the median ``key`` (of an even count, the lower of the middle two): a whole
+    measurement, so that its times, clock and GFLOP/s stay one run's."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
 def median_result(results: Sequence[RecordedResult]) -> RecordedResult:
-    """The result with the median GFLOP/s (a failed one counts 0; of an even count, the lower
-    of the middle two): a whole measurement, so its times, clock and GFLOP/s stay one run's."""
-    ordered = sorted(results, key=lambda r: float(r.gflops) if r.usable else 0.0)
-    return ordered[(len(ordered) - 1) // 2]
+    """The result with the median GFLOP/s, a failed one counting 0 (``median_by``)."""
+    return median_by(results, lambda r: float(r.gflops) if r.usable else 0.0)
 
 
 def retime_fastest(recording: Recording, family: str, problem: Problem, count: int,

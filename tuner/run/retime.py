@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tuner.measure.evaluator import Baseline, Measurement
-from tuner.measure.record import time_in_rounds
+from tuner.measure.record import median_by, time_in_rounds
 from tuner.problem import Problem
 from tuner.search.study import Session, StudyOutcome
 
@@ -90,9 +90,8 @@ class _Config:
 
     @property
     def median(self) -> _Timing:
-        """The timing with the median GFLOP/s (of an even count, the lower of the middle two),
-        as ``tuner.measure.record.median_result`` picks a recording's."""
-        return sorted(self.timings, key=lambda t: t.gflops)[(len(self.timings) - 1) // 2]
+        """The timing with the median GFLOP/s, as a recording's re-timed configs keep theirs."""
+        return median_by(self.timings, lambda t: t.gflops)
 
     @property
     def retimed(self) -> bool:
@@ -177,10 +176,8 @@ def retime_shape(session: Session, problem: Problem,
     if not settled(top(configs)):
         log.warning("%s: after %d passes a config timed once is still among the fastest",
                     problem.shape, passes)
-    median_baseline = None
-    if cublas and baseline is not None:
-        cublas = sorted([baseline, *cublas], key=lambda b: b.gflops)
-        median_baseline = cublas[(len(cublas) - 1) // 2]  # as _Config.median picks
+    median_baseline = (median_by([baseline, *cublas], lambda b: b.gflops)
+                       if cublas and baseline is not None else None)
     return Settled(retimed, median_baseline)
 
 
