@@ -92,7 +92,7 @@ from optuna.trial import FrozenTrial, TrialState
 from throughput import gpu_slug  # bench/ is sys.path[0] when this runs as a script
 
 from tuner.measure.live import BACKEND_ENV, DEFAULT_BACKEND, LiveEvaluator
-from tuner.measure.record import time_in_rounds
+from tuner.measure.record import median_by, time_in_rounds
 from tuner.run.retime import RETIME_BAND
 from tuner.problem import ShapeError, parse_shape
 from tuner.run.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -515,9 +515,9 @@ def retime(args: argparse.Namespace, cache: Path, studies: list[tuple[str, str]]
             evaluator.set_problem(problem)
             rounds = time_in_rounds(configs, args.retime_rounds,
                                     lambda config: evaluator.evaluate(family, config, problem), rng)
-            speeds[key] = {params_key(config): statistics.median(
-                round_[i].gflops or 0.0 if round_[i].usable else 0.0 for round_ in rounds)
-                for i, config in enumerate(configs)}
+            speeds[key] = {params_key(config): median_by(
+                [float(round_[i].gflops or 0.0) if round_[i].usable else 0.0 for round_ in rounds],
+                float) for i, config in enumerate(configs)}
     print(f"[retime] ended after {time.monotonic() - started:.1f} s")
     return speeds
 

@@ -24,10 +24,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tuner.measure.evaluator import Baseline, Measurement
+from tuner.measure.evaluator import OK, Baseline, Measurement
 from tuner.measure.record import median_by, time_in_rounds
 from tuner.problem import Problem
-from tuner.search.study import Session, StudyOutcome
+from tuner.search.study import Session, StudyOutcome, record_fields
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ class Settled:
     baseline: Baseline | None = None
 
 
+# What a re-timing replaces in a trial (``Database.retime_trial``'s fields)
+TIMING_FIELDS = ("time_min_ms", "time_median_ms", "time_max_ms", "launches", "gflops",
+                 "sm_clock_mhz")
+
+
 @dataclass(frozen=True)
 class _Timing:
     """One timing of a config, as a trial keeps it."""
@@ -66,18 +71,16 @@ class _Timing:
 
     @classmethod
     def of(cls, measurement: Measurement) -> _Timing:
-        if not measurement.usable:
+        """A new timing, its fields as the study would store them (``record_fields``)."""
+        fields = record_fields(measurement)
+        if fields["state"] != OK or fields["gflops"] is None:
             return cls(0.0, {})
-        clock = measurement.sm_clock_mhz
-        return cls(float(measurement.gflops or 0.0), {
-            "time_min_ms": measurement.time_min_ms, "time_median_ms": measurement.time_median_ms,
-            "time_max_ms": measurement.time_max_ms, "launches": measurement.launches,
-            "gflops": measurement.gflops, "sm_clock_mhz": None if clock is None else round(clock)})
+        return cls(float(fields["gflops"]), {name: fields[name] for name in TIMING_FIELDS})
 
     @classmethod
     def stored(cls, trial: Any) -> _Timing:
-        return cls(float(trial.gflops), {name: getattr(trial, name) for name in (
-            "time_min_ms", "time_median_ms", "time_max_ms", "launches", "gflops", "sm_clock_mhz")})
+        """A db.Trial's timing."""
+        return cls(float(trial.gflops), {name: getattr(trial, name) for name in TIMING_FIELDS})
 
 
 @dataclass

@@ -600,7 +600,7 @@ class StudyRun:
         """Tell the measurement and queue its writes: the storage's, then the results
         database's under the storage's number, then the log line (all on the writer thread,
         in trial order)."""
-        fields = _record_fields(measurement)
+        fields = record_fields(measurement)
         usable = measurement.usable
         value = float(measurement.gflops) if usable else 0.0  # type: ignore[arg-type]
         violation = 0.0 if usable else violation
@@ -1076,7 +1076,9 @@ def run_study(
     return StudyRun(session, family, problem, budget, baseline_gflops, startup).run()
 
 
-def _record_fields(measurement: Measurement) -> dict[str, Any]:
+def record_fields(measurement: Measurement) -> dict[str, Any]:
+    """A measurement's fields as a trial stores them: the clock in whole MHz, times and GFLOP/s
+    that are not finite and positive as None, an "ok" without a usable time not ok."""
     fields = measurement.fields()
     if fields["sm_clock_mhz"] is not None:
         fields["sm_clock_mhz"] = int(round(fields["sm_clock_mhz"]))
