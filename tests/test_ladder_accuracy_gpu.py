@@ -1,7 +1,8 @@
 """The FFMA ladder's blocked sums over K on a real GPU: at K = 4096 with M = N = 1024, where
 cuBLAS FP32 splits K and a single running sum per output had 1.3-3.9x its error, every rung
 (naive ... splitk, each with its first config as bench/accuracy.py picks it) is at or below
-cuBLAS FP32's error on every input kind of bench/accuracy.py, relative and component-wise.
+cuBLAS FP32's error on every input kind of bench/accuracy.py, relative and component-wise; so is
+skinny, which sums the same way, at its shortest splits of K.
 Run on the GPU host: python -m pytest -m gpu tests/test_ladder_accuracy_gpu.py
 """
 from __future__ import annotations
@@ -28,4 +29,23 @@ def test_every_rung_at_most_cublas_fp32s_error_at_long_k(arch, kind):
     row = accuracy.measure(kind, 1024, 1024, 4096, configs, seed=3)
     over = {name: ratios for name in LADDER
             if max((ratios := accuracy.ratios(row, name)).values()) > accuracy.TARGET_RATIO}
+    assert not over, (kind, over, row)
+
+
+# skinny's shortest splits of K, where its single running sum per output missed cuBLAS FP32's
+# error on 14 rows (docs/kernels.md, "skinny's blocked sums"): one warp per block and one slice
+# of K, and the two next to it, against each input kind at K = 16384, where runs are longest.
+SKINNY_SPLITS = ({"WK": 1, "SPLITK": 1}, {"WK": 2, "SPLITK": 1}, {"WK": 1, "SPLITK": 2})
+
+
+@pytest.mark.parametrize("kind", ["uniform", "normal", "wide", "wide-elements", "cancellation", "tiny", "huge"])
+def test_skinny_at_most_cublas_fp32s_error_at_every_split_of_k(arch, kind):
+    accuracy = bench_module("accuracy")
+    skinny = kernels.get_family("skinny")
+    base = skinny.first_config(arch, 0)
+    configs = {f"skinny WK={s['WK']} SPLITK={s['SPLITK']}": {**base, **s} for s in SKINNY_SPLITS}
+    assert all(not skinny.reject_reasons(c, arch) for c in configs.values()), configs
+    row = accuracy.measure(kind, 1024, 1024, 16384, configs, seed=3)
+    over = {label: ratios for label in configs
+            if max((ratios := accuracy.ratios(row, label)).values()) > accuracy.TARGET_RATIO}
     assert not over, (kind, over, row)

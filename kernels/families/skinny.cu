@@ -5,13 +5,15 @@
 // in shared memory, not registers, and no block barrier sits in the main loop. Each lane keeps
 // the TM x 4 outputs of its four columns. The WK warps of a block take turns over the block's K
 // range and meet once, at the end; SPLITK (`splits`) spreads K over blocks (blockIdx.z) through the
-// workspace and the reduction kernel.
+// workspace and the reduction kernel. Each warp sums its products in two levels
+// (blocked_sum.cuh): a chunk of SUM_CHUNK of its k values from zero, then into its running total.
 #define BN 128
 #define NT (32 * WK)
 #define STAGE_FLOATS (UNROLL * BN + TM * UNROLL)  // B batch [UNROLL][BN], then A corner [TM][UNROLL]
 #include "common.cuh"
 
 #include "cp_async.cuh"
+#include "blocked_sum.cuh"
 
 // Batch of rows k .. k+UNROLL into one ring slot; zeros past the slice, the matrix or its rows.
 // A transposed operand (TA, TB) has no contiguous run along the slot's rows: it takes the
@@ -120,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     float* ring = smem + warp * STAGES * STAGE_FLOATS;
     auto k_of = [&](int t) { return k_begin + (warp + t * WK) * UNROLL; };
 
-    float acc[TM][4] = {};
+    float acc[TM][4] = {}, total[TM][4] = {};
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < mine) stage_batch(ring + s * STAGE_FLOATS, A, lda, B, ldb, M, N, row0, col, k_of(s), k_end, vec_a, vec_b);
@@ -135,7 +137,9 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
                         vec_a, vec_b);
         cp_async_commit();
         multiply_batch(acc, ring + (t % STAGES) * STAGE_FLOATS);
+        if (FOLD_AFTER(t, UNROLL)) fold_sums(total, acc);
     }
+    fold_sums(total, acc);
     cp_async_wait<0>();
 
 #if WK > 1
@@ -145,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
     float* partial = smem;  // [WK][TM][BN]
 #pragma unroll
     for (int i = 0; i < TM; ++i)
-        *reinterpret_cast<float4*>(partial + (warp * TM + i) * BN + lane * 4) = *reinterpret_cast<const float4*>(acc[i]);
+        *reinterpret_cast<float4*>(partial + (warp * TM + i) * BN + lane * 4) = *reinterpret_cast<const float4*>(total[i]);
     __syncthreads();
     for (int idx = threadIdx.x; idx < TM * BN; idx += NT) {
         float s = 0.0f;
@@ -157,6 +161,6 @@ extern "C" __global__ void __launch_bounds__(NT) gemm(GEMM_ARGS) {
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) store_out(C, ldc, workspace, M, N, row0 + i, col + j, acc[i][j], alpha, beta, bias);
+        for (int j = 0; j < 4; ++j) store_out(C, ldc, workspace, M, N, row0 + i, col + j, total[i][j], alpha, beta, bias);
 #endif
 }

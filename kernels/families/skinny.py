@@ -1,4 +1,5 @@
 """Rung 10: small-M GEMM that streams B once through per-warp cp.async rings, no block barriers."""
+from kernels.families.blocked_sum import accumulators_fit
 from kernels.space import Config, Family, Param
 
 BN = 128  # columns per block: 32 lanes x 4 (skinny.cu)
@@ -25,6 +26,7 @@ class Skinny(Family):
         Param("SPLITK", (1, 2, 4, 8, 16, 32), "slices of K (blockIdx.z), reduced by a second kernel", launch_time=True,
               sums=True),
     )
+    constraints = (accumulators_fit("4*TM", lambda c: 4 * c["TM"], lambda c: 32 * c["WK"]),)
 
     # From the full sweep on the H100 at 16x4096x4096: the fastest that fit in 99 KiB of shared
     # memory (so every architecture accepts them), 38.9 us each; the sweep's best, 38.0 us,
