@@ -1,5 +1,5 @@
-"""The register cost of blocked_sum.cuh: the FFMA ladder's two-level sums over K keep two FP32
-registers per output (the chunk's partial sum and the running total)."""
+"""The register cost of blocked_sum.cuh: the FFMA families' two-level sums over K (the ladder's and
+skinny's) keep two FP32 registers per output (the chunk's partial sum and the running total)."""
 from collections.abc import Callable
 
 from kernels.occupancy import REGISTERS_BESIDE_OUTPUTS, max_registers
