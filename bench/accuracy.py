@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kernels  # noqa: E402
+from bench.throughput import gpu_slug  # noqa: E402
 from gemmtune.precision import allowed_families  # noqa: E402
 
 KINDS: dict[str, str] = {
@@ -225,7 +226,7 @@ def main() -> int:
           f"component-wise) and each family's as a multiple of them (relative/component-wise)")
     lines, missed = table(rows, list(configs))
     print("\n".join(lines))
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"accuracy-{gpu['name'].split()[1].lower()}.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"accuracy-{gpu_slug(gpu['name'])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"gpu": gpu, "date": datetime.now(timezone.utc).isoformat(), "size": args.size,
                                "kinds": {kind: KINDS[kind] for kind in (args.kind or KINDS)}, "configs": configs,

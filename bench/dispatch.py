@@ -38,6 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import kernels  # noqa: E402
 
 import gemmtune  # noqa: E402
+from bench.throughput import gpu_slug  # noqa: E402
 from gemmtune.call import device_info  # noqa: E402
 
 CONFIG = dict(BM=128, BN=64, BK=32, WM=64, WN=32, KGROUP=4, STAGES=2, SPLITK=1, RASTER=1)
@@ -178,7 +179,7 @@ def main() -> None:
         "switch_minus_torch_us_256": round(switch_vs_torch, 2),
         "torch": torch.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip
-    out = args.out or ROOT / "bench" / "results" / f"dispatch-{gpu.split()[1].lower() if ' ' in gpu else 'gpu'}.json"
+    out = args.out or ROOT / "bench" / "results" / f"dispatch-{gpu_slug(gpu)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 import gemmtune  # noqa: E402
+from bench.throughput import gpu_slug  # noqa: E402
 from gemmtune import torchpath  # noqa: E402
 
 TARGETS = {"served": 0.90, "encoder forward": 1.6, "encoder train": 1.4, "error": 2.0}
@@ -282,7 +283,7 @@ def print_row(r: dict) -> None:
 
 def write(args, gpu: str, torch, results: list) -> Path:
     """The JSON so far (written after every model: a run cut short keeps what it measured)."""
-    out = args.out or ROOT / "bench" / "results" / f"models-{gpu.split()[1].lower() if ' ' in gpu else 'gpu'}.json"
+    out = args.out or ROOT / "bench" / "results" / f"models-{gpu_slug(gpu)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "targets": TARGETS, "reps": args.reps,
                                "tune_budget_s": args.tune_budget, "tune_trials": args.tune_trials,

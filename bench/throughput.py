@@ -292,7 +292,14 @@ def best_per_family(db_path: Path) -> dict[str, dict[str, float]]:
 
 
 def gpu_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+    """The GPU model's part of a result file's name (bench/results/<bench>-<slug>.json), the
+    one rule of every bench: its name in lower case without the vendor and the memory's size
+    and kind, so "NVIDIA H100 80GB HBM3" is "h100" and "NVIDIA H200" "h200", as the committed
+    results are named; every other word stays ("NVIDIA H100 PCIe": "h100-pcie"). Boards that
+    differ only in memory size (an A100 40GB and 80GB) share a file; each JSON names its GPU."""
+    words = [word for word in re.split(r"[^a-z0-9]+", name.lower())
+             if word and word != "nvidia" and not re.fullmatch(r"\d+gb|hbm\d*e?", word)]
+    return "-".join(words) or "gpu"
 
 
 def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str]:

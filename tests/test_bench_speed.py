@@ -284,3 +284,16 @@ def test_a_failing_problem_becomes_a_noted_row_and_a_gpu_fault_stops_the_run():
     assert rows[1]["cublas_gflops"] is None and "CUDA_ERROR_OUT_OF_MEMORY" in rows[1]["note"]
     assert stopped == "GPU fault at 3x8x8: CUDA_ERROR_ILLEGAL_ADDRESS"
     assert "(error: cuMemAlloc(8) failed: CUDA_ERROR_OUT_OF_MEMORY)" in speed.table(rows)
+
+
+def test_every_bench_names_its_results_by_the_gpu_model_as_the_committed_ones_are():
+    """One rule (bench.throughput.gpu_slug) for every bench's default result file: the two
+    models' committed results are found under the names a bench on those GPUs writes."""
+    from bench.throughput import gpu_slug
+
+    assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100" and gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("NVIDIA H100 PCIe") == "h100-pcie" and gpu_slug("") == "gpu"
+    results = Path(__file__).resolve().parents[1] / "bench" / "results"
+    for bench in ("speed", "accuracy", "recording_noise", "live_check", "models"):
+        for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+            assert (results / f"{bench}-{gpu_slug(gpu)}.json").is_file(), (bench, gpu)
