@@ -66,15 +66,17 @@ class ProblemOut(BaseModel):
     label: str = Field(description="The shape as the tuner's --shape takes it: [Bx]MxNxK[:layout].")
 
 
+TIMINGS_DOC = ("gflops and the times are the median of this many timings of the config (a shape's fastest "
+           "configs are timed again in shuffled rounds at the end of its tuning); 1: one timing.")
+
+
 class BestConfig(BaseModel):
     family: str
     source_hash: str | None = None
     config: dict[str, int] = Field(description="Parameter name to value.")
     gflops: float
     time_median_ms: float | None = None
-    timings: int = Field(
-        default=1, description="gflops and the times are the median of this many timings of the config (a "
-        "shape's fastest configs are timed again in shuffled rounds at the end of its tuning); 1: one timing.")
+    timings: int = Field(default=1, description=TIMINGS_DOC)
     cublas_gflops: float | None = Field(default=None, description="cuBLAS on the same GPU and shape, if measured.")
     fraction_of_cublas: float | None = Field(default=None, description="gflops / cublas_gflops.")
     occupancy: float | None = Field(default=None, description="Theoretical occupancy, 0..1.")
@@ -154,9 +156,7 @@ class TrialOut(BaseModel):
     launches: int | None = None
     gflops: float | None = None
     sm_clock_mhz: int | None = None
-    timings: int = Field(
-        default=1, description="gflops and the times are the median of this many timings of the config (a "
-        "shape's fastest configs are timed again in shuffled rounds at the end of its tuning); 1: one timing.")
+    timings: int = Field(default=1, description=TIMINGS_DOC)
     fraction_of_cublas: float | None = None
     started_at: datetime | None = None
     recorded_at: datetime | None = None

@@ -693,11 +693,11 @@ def kill_phase(args: argparse.Namespace, phase: Phase,
         storage.engine.dispose()  # type: ignore[attr-defined]
         with db.open_database(urls[0]) as database:
             found = read_studies(database)
-    survivor_configs = {json.dumps(t.params, sort_keys=True)
+    survivor_configs = {params_key(t.params)
                         for s in found.values() for t in s.trials
                         if any(r.id == t.run_id and r.state == "finished" for r in s.runs)}
     for claim in killed:
-        claim["measured_by_w1"] = json.dumps(claim["config"], sort_keys=True) in survivor_configs
+        claim["measured_by_w1"] = params_key(claim["config"]) in survivor_configs
     stale = [c for c in killed if c["failed_as_stale"]]
     return {"wall_s": wall_s, "killed_after_s": killed_at_s if held else None,
             "workers": [w.as_dict() for w in (survivor, victim)], "study": " ".join(study),

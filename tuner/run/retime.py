@@ -18,7 +18,6 @@ made on one footing.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Any, Sequence
 
 from tuner.measure.evaluator import OK, Baseline, Measurement
 from tuner.measure.record import median_by, time_in_rounds
-from tuner.problem import Problem
+from tuner.problem import Problem, config_key
 from tuner.search.study import Session, StudyOutcome, record_fields
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ def configs_of(trials: Sequence[tuple[str, Any]]) -> list[_Config]:
     chosen: dict[tuple[str, str], _Config] = {}
     for family, trial in sorted(trials, key=lambda ft: -(ft[1].gflops or 0.0)):
         if trial.state == "ok" and trial.gflops:
-            chosen.setdefault((family, json.dumps(trial.params, sort_keys=True)),
+            chosen.setdefault((family, config_key(trial.params)),
                               _Config(family, trial, [_Timing.stored(trial)]))
     return list(chosen.values())
 

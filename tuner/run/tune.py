@@ -80,6 +80,7 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
     from tuner.search.study import Session
 
     gpu_id, gpu_name = gpu
+    replay = getattr(evaluator, "recording", None) is not None
     return Session(
         database=stores.database, evaluator=evaluator, storage=stores.storage,
         gpu_id=gpu_id, gpu_name=gpu_name, sampler=search.sampler, seed=search.seed,
@@ -93,9 +94,9 @@ def new_session(stores: Stores, evaluator: Any, gpu: tuple[int, str], search: Se
         prefetch_startup=hasattr(evaluator, "pool"),
         prefetch_process=preparer,
         # a replay answers from a recording, perhaps a bundled one: it must not learn from it
-        learn_from_recordings=getattr(evaluator, "recording", None) is None,
+        learn_from_recordings=not replay,
         # a replay answers a config's recorded timing again: nothing to re-time
-        retime_rounds=search.retime_rounds if getattr(evaluator, "recording", None) is None else 0,
+        retime_rounds=0 if replay else search.retime_rounds,
     )
 
 
