@@ -27,8 +27,8 @@ from tuner.search import prefetch as prefetch_module
 from tuner.search.prefetch import StartupPrefetch
 from tuner.measure.recording import BUNDLED_RECORDINGS, load
 from tuner.search import space
-from tuner.search.learned import (LearnedSpace, ModelSampler, examples_from_recordings,
-                                  first_picks)
+from tuner.search.learned import (LearnedSpace, ModelSampler, bundled_examples,
+                                  examples_for_study, examples_from_recordings, first_picks)
 from tuner.search.study import Budget, Session, _accepted_configs, _enumerate, _rank, _seed_for
 
 BLOCKTILE1D = kernels.get_family("blocktile1d")  # 284 accepted configs, one group each
@@ -59,8 +59,8 @@ class _Evaluator:
 def _session(evaluator: Any, cache: Path, **fields: Any) -> Session:
     # training: the model's examples of other problems (none here: no database to read)
     defaults: dict[str, Any] = dict(database=None, storage=None, gpu_id=1, phases=Phases(),
-                                    training=[])
-    return Session(evaluator=evaluator, gpu_name="test", batch=4, seed=7, progress=False,
+                                    training=[], gpu_name="test")
+    return Session(evaluator=evaluator, batch=4, seed=7, progress=False,
                    prior_compiles=COMPILES, compile_cache=cache, **(defaults | fields))
 
 
@@ -322,6 +322,42 @@ def test_the_models_first_fit_is_made_ahead_and_is_the_one_the_sampler_makes_its
     with pytest.raises(ValueError, match="other examples or another seed"):
         ModelSampler(LearnedSpace(positions, prepared.features, examples, "skinny",
                                   prepared.fitted), distributions, [], seed + 1)
+
+
+def test_the_bundled_examples_are_written_once_and_each_problem_reads_its_own(tmp_path):
+    """The preparing processes read a problem's examples as its study does
+    (``examples_for_study``: the results database's, then the GPU model's bundled recordings less
+    the problem's shape), from two files: the bundled examples, written once for the command,
+    and the database's of the problem. (All of them written again for each shape held the main
+    thread 0.9 s at every shape change, the GPU idle.)"""
+    h200 = "NVIDIA H200"
+    database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
+    gpu_id = database.ensure_gpu(db.GpuInfo(h200, "GPU-0", "9.0", 132, 141 << 30, 1980,
+                                            "test", "test", "test"))
+    stored = Problem(384, 384, 384)
+    run_id = database.start_run(
+        gpu_id=gpu_id, problem_id=database.ensure_problem(384, 384, 384),
+        family_id=database.ensure_family(NAIVE.name, NAIVE.source_hash), sampler="default",
+        seed=1, budget={"trials": 2}, host="test", command="test", study_name=None)
+    for number, config in enumerate(NAIVE.sample_accepted(2, seed=3)):
+        database.add_trial(run_id, db.TrialRecord(number=number, params=config, state="ok",
+                                                  time_median_ms=1.0, gflops=100.0 + number))
+    recorded = Problem(2048, 2816, 2304)  # a shape of the H200's bundled pipelined recordings
+    session = _session(_Evaluator(), tmp_path / "cubins", database=database, gpu_name=h200,
+                       training=None, sampler="default", learn_from_recordings=True)
+    with StartupPrefetch(session) as prefetch:
+        files = {problem: prefetch._examples_file(problem) for problem in (recorded, stored)}
+        for problem, file in files.items():
+            read = file.read()
+            assert read == examples_for_study(database, h200, problem, True)
+            assert read == prefetch._examples(problem)
+        assert len(files[recorded].read()) < len(bundled_examples(h200)) + 2  # its shape held out
+        assert len(files[stored].read()) == len(bundled_examples(h200))  # its own trials held out
+        assert files[recorded].bundled == files[stored].bundled  # one file for both
+        assert len(list(Path(prefetch._folder).iterdir())) == 3
+        assert [e.problem for e in prefetch_module._read_examples(files[recorded].path)] == [
+            stored, stored]
+    database.close()
 
 
 def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_examples(

@@ -137,26 +137,54 @@ def examples_from_database(database: Any, families: Collection[str],
     return examples
 
 
-def examples_for_study(database: Any, gpu: str, problem: Problem, recordings: bool
-                       ) -> list[Example]:
+def examples_for_study(database: Any, gpu: str, problem: Problem, recordings: bool, *,
+                       from_database: list[Example] | None = None) -> list[Example]:
     """What a live study's model learns from: every measured trial the results database holds
     and (``recordings``) the bundled recordings of its GPU model (``tuner.measure.recording.
     bundled``), except those of its own shape on its GPU model, of every family: the unit the
     benchmark holds out (``problem_held_out``), so that the live model is the one
     bench/search_efficiency.py measured, and so that it depends on nothing the command measures
-    at that shape (its fit can be prepared ahead, ``tuner.search.prefetch``)."""
-    examples = examples_from_database(database, list(kernels.FAMILIES),
-                                      problem_held_out(gpu, problem.shape))
+    at that shape (its fit can be prepared ahead, ``tuner.search.prefetch``). The database's
+    part first (``database_examples``, or ``from_database`` where already read), then the
+    recordings' (``bundled_examples``, less the shape's)."""
+    examples = list(database_examples(database, gpu, problem) if from_database is None
+                    else from_database)
     if recordings:
         examples += _bundled_examples(gpu, problem.shape)
     return examples
 
 
-@lru_cache(maxsize=16)
-def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
+def database_examples(database: Any, gpu: str, problem: Problem) -> list[Example]:
+    """``examples_for_study``'s first part: the results database's."""
+    return examples_from_database(database, list(kernels.FAMILIES),
+                                  problem_held_out(gpu, problem.shape))
+
+
+@lru_cache(maxsize=2)
+def bundled_examples(gpu: str) -> tuple[Example, ...]:
+    """Every example of the bundled recordings of this GPU model, none held out."""
     from tuner.measure.recording import bundled
 
-    return tuple(examples_from_recordings(bundled(gpu), problem_held_out(gpu, shape)))
+    return tuple(examples_from_recordings(bundled(gpu)))
+
+
+def without_shape(examples: Sequence[Example], gpu: str, shape: str) -> tuple[Example, ...]:
+    """``examples`` less the unit ``problem_held_out(gpu, shape)`` holds out, in their order:
+    ``examples_from_recordings`` with that unit held out, from the examples of none held out."""
+    shapes: dict[Problem, str] = {}  # (formatting each example's shape: 54,136 on the H200)
+
+    def shape_of(problem: Problem) -> str:
+        found = shapes.get(problem)
+        if found is None:
+            found = shapes[problem] = problem.shape
+        return found
+
+    return tuple(e for e in examples if e.gpu != gpu or shape_of(e.problem) != shape)
+
+
+@lru_cache(maxsize=16)
+def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
+    return without_shape(bundled_examples(gpu), gpu, shape)
 
 
 def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,

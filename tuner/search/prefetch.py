@@ -35,7 +35,8 @@ from tuner.measure.phases import STARTUP_BG, STARTUP_WAIT
 from tuner.problem import Problem
 from tuner.search.costmodel import Example
 from tuner.search import preparer
-from tuner.search.learned import examples_for_study, first_picks
+from tuner.search.learned import (bundled_examples, database_examples, examples_for_study,
+                                  first_picks, without_shape)
 from tuner.search.choices import LEARNING
 from tuner.search.study import Session, Startup, prepare_startup
 
@@ -63,17 +64,34 @@ def _compile_quietly(family: Any, config: dict[str, int], arch: str, cache_dir: 
 
 
 class ExamplesFile(NamedTuple):
-    """The model's examples of one problem, pickled once to a file the preparing processes read
-    (each once per problem): 54,136 examples are 6.7 MB, pickled by the command's process for
-    every start-up submitted and unpickled for every one prepared, 0.12 s and 0.45 s each on the
-    2-core machine."""
-    path: str
+    """The model's examples of one problem, as files the preparing processes read (each file
+    once): pickled by the command's process for every start-up submitted and unpickled for every
+    one prepared, the H200's 54,136 bundled examples (6.7 MB) took 0.12 s and 0.45 s each on the
+    2-core machine; written once per problem, the pickling still held the main thread 0.9 s at
+    each shape change, the GPU idle (docs/measurement.md, "Examples written once"). So the
+    bundled examples, the same for every problem but its own shape's, are written once per
+    command (``bundled``), and per problem only the results database's (``path``)."""
+    path: str  # the database's examples (or the session's training examples, all of them)
+    bundled: str | None = None  # every bundled example of ``gpu``, less ``shape``'s when read
+    gpu: str = ""
+    shape: str = ""
+
+    def read(self) -> list[Example]:
+        examples = list(_read_examples(self.path))
+        if self.bundled is not None:
+            examples += _bundled_less(self.bundled, self.gpu, self.shape)
+        return examples
 
 
-@lru_cache(maxsize=2)  # a shape's studies come in a row
+@lru_cache(maxsize=3)  # the bundled examples, and a shape's studies come in a row
 def _read_examples(path: str) -> list[Example]:
     with open(path, "rb") as file:
         return pickle.load(file)
+
+
+@lru_cache(maxsize=2)
+def _bundled_less(path: str, gpu: str, shape: str) -> tuple[Example, ...]:
+    return without_shape(_read_examples(path), gpu, shape)
 
 
 def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
@@ -85,7 +103,7 @@ def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_coun
     study asks (docs/measurement.md, "Start-ups prepared ahead")."""
     global _ahead
     if isinstance(examples, ExamplesFile):
-        examples = _read_examples(examples.path)
+        examples = examples.read()
     startup = prepare_startup(family_name, arch, problem, sampler, sm_count, batch, seed,
                               prior_compiles, cache_dir, rank, examples)
     fitted = startup.fitted
@@ -139,7 +157,10 @@ class StartupPrefetch:
         self._jobs: dict[Key, Future[Startup]] = {}  # submitted, not taken
         self._broken = False  # the process died (killed?): the studies compute their own
         self._examples_read: dict[Problem, list[Example]] = {}
+        self._from_database: dict[Problem, list[Example]] = {}
         self._examples_files: dict[Problem, ExamplesFile] = {}
+        self._bundled_file: str | None = None  # the GPU model's bundled examples, written once
+        self._written = 0  # files in the folder
         self._folder: str | None = None  # the examples' files, removed at close
         self._here: ThreadPoolExecutor | None = None  # prepare_here's thread
 
@@ -192,10 +213,11 @@ class StartupPrefetch:
             usage=None if pool is None else pool.usage(family))
 
     def _examples(self, problem: Problem) -> list[Example] | None:
-        """The model's examples of other problems as a study of ``problem`` reads them (its
-        first fit is then made ahead too), for the samplers that learn: read once per problem,
-        for all its families (the database, 0.05-0.2 s of the main thread each time, does not
-        change in between; where it has by a study's start, the study fits on its own)."""
+        """The model's examples of other problems as a study of ``problem`` reads them
+        (``learned.examples_for_study``; its first fit is then made ahead too), for the samplers
+        that learn: read once per problem, for all its families (the database, 0.05-0.2 s of
+        the main thread each time, does not change in between; where it has by a study's start,
+        the study fits on its own)."""
         session = self.session
         if session.sampler not in LEARNING:
             return None
@@ -203,24 +225,48 @@ class StartupPrefetch:
             return list(session.training)
         if problem not in self._examples_read:
             self._examples_read[problem] = examples_for_study(
-                session.database, session.gpu_name, problem, session.learn_from_recordings)
+                session.database, session.gpu_name, problem, session.learn_from_recordings,
+                from_database=self._database_examples(problem))
         return self._examples_read[problem]
 
+    def _database_examples(self, problem: Problem) -> list[Example]:
+        """The first part of ``_examples``: the results database's (read once per problem)."""
+        if problem not in self._from_database:
+            self._from_database[problem] = database_examples(
+                self.session.database, self.session.gpu_name, problem)
+        return self._from_database[problem]
+
     def _examples_file(self, problem: Problem) -> ExamplesFile | None:
-        """``_examples(problem)`` as a file the preparing processes read, written once."""
+        """``_examples(problem)`` as files the preparing processes read: the database's part
+        per problem, the bundled recordings' once (``ExamplesFile``)."""
         found = self._examples_files.get(problem)
         if found is not None:
             return found
-        examples = self._examples(problem)
-        if examples is None:
+        session = self.session
+        if session.sampler not in LEARNING:
             return None
+        if session.training is not None:
+            found = ExamplesFile(self._write(list(session.training)))
+        else:
+            bundled = None
+            if session.learn_from_recordings:
+                if self._bundled_file is None:
+                    self._bundled_file = self._write(list(bundled_examples(session.gpu_name)))
+                bundled = self._bundled_file
+            found = ExamplesFile(self._write(self._database_examples(problem)), bundled,
+                                 session.gpu_name, problem.shape)
+        self._examples_files[problem] = found
+        return found
+
+    def _write(self, examples: list[Example]) -> str:
+        """``examples`` pickled to a new file of the command's examples folder; its path."""
         if self._folder is None:
             self._folder = tempfile.mkdtemp(prefix="gemmtune-examples-")
-        path = os.path.join(self._folder, f"{len(self._examples_files)}.pickle")
+        path = os.path.join(self._folder, f"{self._written}.pickle")
+        self._written += 1
         with open(path, "wb") as file:
             pickle.dump(examples, file, protocol=pickle.HIGHEST_PROTOCOL)
-        found = self._examples_files[problem] = ExamplesFile(path)
-        return found
+        return path
 
     def take(self, family: Any, problem: Problem) -> Startup | None:
         """The prepared start-up of ``family`` on ``problem`` (waiting for it), or None where
@@ -258,7 +304,7 @@ class StartupPrefetch:
             kill_pool(executor)
         if self._folder is not None:  # after the processes that read it are gone
             shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder, self._examples_files = None, {}
+            self._folder, self._examples_files, self._bundled_file = None, {}, None
 
     def __enter__(self) -> StartupPrefetch:
         return self
