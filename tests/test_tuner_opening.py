@@ -155,6 +155,61 @@ def test_the_command_measures_its_first_studys_starting_point_once(tmp_path, mon
         database.close()
 
 
+def test_a_later_shapes_first_asks_are_posted_before_its_study_is_built_and_measured_once(
+        tmp_path, monkeypatch):
+    """At each shape the first study's warm start (the tuned shapes' bests, the starting
+    points) goes to the GPU right after the baseline, before the study is built; the study's
+    asks take those answers: every trial measured once. A second run of the command on the same
+    database (its studies resume) posts nothing."""
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import start_command, tune
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    posted: list[tuple[Problem, list[dict[str, int]], int]] = []
+    real = LiveEvaluator.post_ahead
+
+    def spy(evaluator: LiveEvaluator, family: object, configs) -> int:
+        configs = list(configs)
+        count = real(evaluator, family, configs)
+        posted.append((evaluator.problem, configs, count))
+        return count
+
+    monkeypatch.setattr(LiveEvaluator, "post_ahead", spy)
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    second = Problem(80, 64, 48)
+
+    def command() -> LiveEvaluator:
+        options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--shape", "80x64x48",
+                              "--trials", "5", "--sampler", "random", "--workers", "2",
+                              "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
+        evaluator, process = start_command(options)
+        with evaluator:
+            try:
+                assert tune(options, evaluator, progress=False, preparer=process) == 0
+            finally:
+                kill_pool(process)
+            assert not evaluator._opened  # every posted answer taken by its study
+        return evaluator
+
+    evaluator = command()
+    assert evaluator.phases.answers == evaluator.phases.trials == 10
+    (problem, configs, count), = [entry for entry in posted if entry[0] == second]
+    assert count == len(configs) >= 1  # the first shape's best, the starting point (here one)
+    database = db.open_database(url)
+    try:
+        run = [r for r in database.list_runs(family="naive") if (r.problem.m, r.problem.n, r.problem.k) == (80, 64, 48)][0]
+        asked = [t.params for t in database.trials(run.id)]
+        assert all(config in asked for config in configs)
+        assert len({tuple(sorted(p.items())) for p in asked}) == len(asked) == 5
+    finally:
+        database.close()
+
+    posted.clear()
+    evaluator = command()  # resumed: nothing more to measure, nothing posted ahead
+    assert posted == [] and evaluator.phases.trials == 0
+    assert evaluator.phases.answers == 1  # the start's opening alone (its one starting point)
+
+
 def test_the_opening_is_every_offered_familys_accepted_starting_points_in_study_order():
     """The first problem's studies, in the order they run, on this GPU: wgmma's starting
     points then naive's on a Hopper GPU; naive's alone where wgmma is not offered (Ampere);

@@ -682,6 +682,30 @@ class LiveEvaluator:
                     continue
                 self._opened[key] = self._send(self._ticket(family, config, problem, compiled))
 
+    def post_ahead(self, family: Any, configs: Iterable[dict[str, int]]) -> int:
+        """Hand the GPU children these configs of the current problem now, as the opening does
+        at the command's start, for a study not yet built that asks them first: their answers
+        wait for its asks (``submit`` takes them), or are read in turn and dropped where none
+        comes. Their compiles are waited for (a later shape's are in the CUBIN cache). How many
+        were posted."""
+        self._take_over()
+        if self.problem is None:
+            return 0
+        jobs = []
+        for config in configs:
+            key = self._key(family, config)
+            if (key, self.problem) not in self._opened:
+                jobs.append((key, config, self._compiles.pop(key, None) or self.pool.submit(family, config)))
+        for key, config, future in jobs:
+            try:
+                compiled = future.result()
+            except Exception:  # noqa: BLE001  the study's own ask compiles it and says why
+                continue
+            ticket = self._ticket(family, config, self.problem, compiled)
+            if ticket.request is not None:  # (a compile error is the ask's to report)
+                self._opened[(key, self.problem)] = self._send(ticket)
+        return sum(1 for key, _, _ in jobs if (key, self.problem) in self._opened)
+
     @property
     def tickets(self) -> int:
         """Candidates it takes at once: ``queue_depth`` for each GPU child. (The search once

@@ -68,7 +68,7 @@ class ExamplesFile(NamedTuple):
     once): pickled by the command's process for every start-up submitted and unpickled for every
     one prepared, the H200's 54,136 bundled examples (6.7 MB) took 0.12 s and 0.45 s each on the
     2-core machine; written once per problem, the pickling still held the main thread 0.9 s at
-    each shape change, the GPU idle (docs/measurement.md, "Examples written once"). So the
+    each shape change, the GPU idle (docs/measurement.md, "Shape changes"). So the
     bundled examples, the same for every problem but its own shape's, are written once per
     command (``bundled``), and per problem only the results database's (``path``)."""
     path: str  # the database's examples (or the session's training examples, all of them)
