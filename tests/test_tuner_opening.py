@@ -47,6 +47,53 @@ def test_the_opening_is_posted_before_the_search_and_its_answer_goes_to_the_ask(
         assert evaluator.phases.answers == 2
 
 
+def test_the_openings_ready_hook_gets_the_started_evaluator_before_the_candidates(tmp_path):
+    """``Opening.ready`` (the start's work that needs the GPU's model: the first shape's prior
+    compiles) is called once, with the evaluator, once the GPU child is ready and before the
+    candidates are listed; one that fails leaves the opening to go on."""
+    calls: list[tuple[str, object]] = []
+
+    def ready(evaluator: LiveEvaluator) -> None:
+        calls.append(("ready", (evaluator.arch(), evaluator.info()["sm_count"], evaluator.batch)))
+        raise RuntimeError("a failing hook")
+
+    def candidates(arch: str) -> list[tuple[object, dict[str, int]]]:
+        calls.append(("candidates", arch))
+        return [(PLANTED, {"MODE": PLANTED_OK})]
+
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
+                       opening=Opening(SMALL, candidates, ready)) as evaluator:
+        assert evaluator.evaluate(PLANTED, {"MODE": PLANTED_OK}, SMALL).state == "ok"
+        assert evaluator.phases.answers == 1  # the opening's answer, taken by the ask
+        arch, batch = evaluator.arch(), evaluator.batch
+    assert calls == [("ready", (arch, 132, batch)), ("candidates", arch)]
+
+
+def test_the_first_shapes_prior_compiles_begin_at_the_start_for_its_first_ranked_study(
+        tmp_path):
+    """``preparer.compile_prior`` (run in a preparing process once the GPU is named): the
+    prior's compiles of the first problem's later studies that start from the prior, as the
+    GPU model's bundled recordings tell, up to the first whose prior ranks. On the H200,
+    pipelined (recorded there) is passed over, smem (three configs, all of its start-up)
+    compiled and passed, blocktile1d's compiled; naive, after it, is not reached. The
+    start-up planned later finds every compile it needs in the cache."""
+    from tuner.search import preparer
+    from tuner.search.study import prepare_startup
+
+    cache = tmp_path / "cubins"
+    problem = Problem(256, 256, 256)
+    warmed = preparer.compile_prior(["pipelined", "smem", "blocktile1d", "naive"], "NVIDIA H200",
+                                    "sm_90", problem, 132, 4, 7, str(cache), "default",
+                                    prior_compiles=3)
+    assert warmed == "blocktile1d"
+    compiled = {path.name for path in cache.rglob("*.cubin")}
+    assert len(compiled) == 3 + 3  # smem's three, blocktile1d's prior compiles (3 here)
+    startup = prepare_startup("blocktile1d", "sm_90", problem, "default", 132, 4, 7, 3,
+                              str(cache), True)
+    assert startup.ranking is not None and startup.ranking.compiled == 3
+    assert {path.name for path in cache.rglob("*.cubin")} == compiled  # nothing compiled again
+
+
 def test_an_opening_answer_nobody_asks_for_is_read_and_dropped(tmp_path):
     ok = {"MODE": PLANTED_OK}
     other = Problem(32, 32, 32)

@@ -460,6 +460,10 @@ class Opening:
 
     problem: Problem
     candidates: Callable[[str], list[tuple[Any, dict[str, int]]]]
+    # Called with the evaluator once its GPU processes are ready, before the candidates are
+    # listed: other work of the start that needs the GPU's model, architecture or SM count
+    # (tuner.run.tune.opening: the first shape's prior compiles).
+    ready: Callable[[Any], None] | None = None
 
 
 # How often the opening's thread looks whether the command has stopped it (wait_started).
@@ -653,6 +657,12 @@ class LiveEvaluator:
         (Off the main thread: no phases are timed here, and nothing else reads the children
         until ``_take_over``.)"""
         problem = opening.problem
+        if opening.ready is not None:
+            try:
+                opening.ready(self)
+            except Exception:  # noqa: BLE001  as the candidates below
+                log.warning("the start's work for a ready GPU failed; the search starts "
+                            "without it", exc_info=True)
         try:
             candidates = opening.candidates(self.arch())
         except Exception:  # noqa: BLE001  a faster start is not worth a failed command

@@ -142,16 +142,19 @@ def start_live(options: EvaluatorOptions, *, wait: bool = True, **evaluator_opti
                          wait=wait, **evaluator_options)
 
 
-def opening(options: Options) -> Any:
+def opening(options: Options, preparing: Any = None) -> Any:
     """What the GPU measures while the command still starts (``tuner.measure.live.Opening``):
     the declared starting points of every study of the first problem, in the order the
     studies run, those each family accepts on the GPU (no more per family than a study's trial
     budget). Each study's warm start asks for them first, whatever the search, so the GPU
     measures from its first second instead of after the first start-up, and through the
     imports, the stores' opening and the first study's set-up (docs/measurement.md, "The
-    command's start and end"). None where there is no study."""
+    command's start and end"). Once the GPU is ready, ``preparing`` (the start-ups'
+    processes) begins the prior's compiles of the first problem's first study that starts from
+    the prior after its first (``preparer.compile_prior``). None where there is no study."""
     import kernels
     from tuner.measure.live import Opening
+    from tuner.search import preparer
 
     if not options.problems or not options.families:
         return None
@@ -169,7 +172,16 @@ def opening(options: Options) -> Any:
             chosen += [(bound, config) for config in accepted[:most]]
         return chosen
 
-    return Opening(problem, candidates)
+    def ready(evaluator: Any) -> None:
+        arch, info = evaluator.arch(), evaluator.info()
+        later = [f.name for f in options.families if f.offered_on(arch)][1:]
+        if preparing is not None and later and int(info.get("sm_count") or 0) >= 1:
+            cache = options.evaluator.cache_dir
+            preparing.submit(preparer.compile_prior, later, info["name"], arch, problem,
+                             int(info["sm_count"]), evaluator.batch, options.search.seed,
+                             None if cache is None else str(cache), options.search.sampler)
+
+    return Opening(problem, candidates, ready)
 
 
 def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]:
@@ -184,11 +196,14 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
     from tuner.lifetime import kill_pool
     from tuner.search import preparer
 
-    evaluator = start_live(options.evaluator, wait=False, opening=opening(options),
-                           **evaluator_options)
-    process = None
+    process = preparer.start()
     try:
-        process = preparer.start()
+        evaluator = start_live(options.evaluator, wait=False, opening=opening(options, process),
+                               **evaluator_options)
+    except BaseException:
+        kill_pool(process)
+        raise
+    try:
         with evaluator.phases.timed(START_IMPORTS):
             import tuner.run.session  # noqa: F401
 
@@ -210,8 +225,7 @@ def start_command(options: Options, **evaluator_options: Any) -> tuple[Any, Any]
                 bundled(gpu)
     except BaseException:
         evaluator.close()  # (idempotent: wait_started closes it too where the GPU fails)
-        if process is not None:
-            kill_pool(process)
+        kill_pool(process)
         raise
     return evaluator, process
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from tuner.lifetime import child_init
 
@@ -52,10 +53,48 @@ def processes(cores: int | None = None) -> int:
 
 
 def start(workers: int | None = None) -> ProcessPoolExecutor:
-    """The preparing processes (``workers``, default ``processes()``), the first spawned now
-    (its first job is a no-op), the others as start-ups are submitted; ``StartupPrefetch`` takes
-    them over. End them with ``tuner.lifetime.kill_pool``."""
-    executor = ProcessPoolExecutor(max_workers=workers or processes(), mp_context=mp.get_context("spawn"),
+    """The preparing processes (``workers``, default ``processes()``), all spawned now from
+    this thread, one no-op job each (the executor spawns a process for a job that finds none
+    idle): a child dies with the thread that spawned it (``tuner.lifetime``), and the first
+    job after these may come from the evaluator's start thread (``compile_prior``), which
+    ends. ``StartupPrefetch`` takes them over. End them with ``tuner.lifetime.kill_pool``."""
+    count = workers or processes()
+    executor = ProcessPoolExecutor(max_workers=count, mp_context=mp.get_context("spawn"),
                                    initializer=_init, initargs=(os.getpid(),))
-    executor.submit(os.getpid)
+    for _ in range(count):
+        executor.submit(os.getpid)
     return executor
+
+
+def compile_prior(families: list[str], gpu: str, arch: str, problem: Any, sm_count: int,
+                  batch: int, seed: int | None, cache_dir: str | None, sampler: str,
+                  prior_compiles: int | None = None) -> str | None:
+    """At the command's start, in a preparing process: the static prior's compiles of the
+    studies of ``families`` (the first problem's after its first, in order) that will start
+    from the prior as far as this GPU model's bundled recordings tell (``study.ranks_prior``;
+    a results database that holds the family elsewhere makes them unneeded: niced, at the
+    start, they delay nothing the command waits for), up to the first whose prior ranks (a
+    space larger than the start-up: smem's three configs are all of its start-up). Its start-up,
+    planned once the stores are open, then finds them in the CUBIN cache, or waits on the
+    compiles still running instead of starting them: planned only then, blocktile1d's at
+    fresh 1024³ on the H200 came 4.9-5.2 s after its study began, the GPU idle
+    (docs/measurement.md, "The first shape's prior compiles"). ``prior_compiles``: as the
+    session's (default ``prior.MAX_COMPILES``). The name of that family, or None."""
+    import kernels
+    from tuner.measure.recording import manifest
+    from tuner.search import prior
+    from tuner.search.study import prepare_startup, ranks_prior
+
+    recorded = [(gpu, family, shape) for entry in manifest()["recordings"].values()
+                if entry.get("gpu") == gpu
+                for family in entry.get("families", []) for shape in entry.get("shapes", [])]
+    for name in families:
+        if not ranks_prior(sampler, kernels.get_family(name), (gpu, name, problem.shape),
+                           recorded):
+            continue
+        startup = prepare_startup(name, arch, problem, sampler, sm_count, batch, seed,
+                                  prior.MAX_COMPILES if prior_compiles is None else prior_compiles,
+                                  cache_dir)
+        if startup.accepted is not None and len(startup.accepted) > len(startup.ranked or []):
+            return name
+    return None
