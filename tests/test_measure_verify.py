@@ -40,6 +40,20 @@ def test_a_round_is_held_whole_only_where_the_host_queues_slower_than_half_the_g
     assert calls_ahead(30e-6, 60e-6) == HOLD_CHUNK    # the margin: under half, not at it
 
 
+def test_the_problems_inputs_are_seeded_float32_uniform_in_minus_one_to_one():
+    """The tuner's inputs (``GpuBench.set_problem``), drawn as float32 (as float64 then
+    converted, a 4096³ problem's took 0.9 s of the GPU child while the GPU waited): random,
+    never zeros, the same for a seed, spread over [-1, 1)."""
+    from tuner.measure.gpu import _uniform
+
+    first = _uniform(np.random.default_rng(0), (3, 257, 129))
+    assert first.dtype == np.float32 and first.shape == (3, 257, 129)
+    assert np.array_equal(first, _uniform(np.random.default_rng(0), (3, 257, 129)))
+    assert not np.array_equal(first, _uniform(np.random.default_rng(1), (3, 257, 129)))
+    assert first.min() >= -1.0 and first.max() < 1.0 and np.count_nonzero(first) > 0.99 * first.size
+    assert abs(float(first.mean())) < 0.02 and first.min() < -0.99 and first.max() > 0.99
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_hold_compiles(arch):
     from tuner.measure import hold

@@ -197,6 +197,16 @@ class DeviceBuffer:
             self.ptr = 0
 
 
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Inputs uniform in [-1, 1), drawn as float32: drawn as float64 and converted, a 4096³
+    problem's took 0.9 s of the GPU child's host (2-core machine) while the GPU waited, at each
+    shape change (docs/measurement.md, "Shape changes"); 0.05 s so."""
+    values = rng.random(shape, dtype=np.float32)
+    values *= 2
+    values -= 1
+    return values
+
+
 class GpuBench:
     """One per GPU child process. set_problem, then baseline/evaluate any number of candidates."""
 
@@ -271,18 +281,17 @@ class GpuBench:
         a_shape, b_shape, c_shape = (batch, ra, ca), (batch, rb, cb), (batch, m, n)
         set_bytes = 4 * batch * (m * k + k * n + m * n)
         count = max(1, min(MAX_INPUT_SETS, math.ceil(L2_FLUSH_FACTOR * self.l2_bytes() / set_bytes)))
-        host_a = rng.uniform(-1, 1, a_shape).astype(np.float32)
-        host_b = rng.uniform(-1, 1, b_shape).astype(np.float32)
+        host_a, host_b = _uniform(rng, a_shape), _uniform(rng, b_shape)
         self.c0 = DeviceBuffer(4 * batch * m * n)
-        self.c0.upload(rng.uniform(-1, 1, c_shape).astype(np.float32))
+        self.c0.upload(_uniform(rng, c_shape))
         for i in range(count):
             a, b, c = DeviceBuffer(host_a.nbytes), DeviceBuffer(host_b.nbytes), DeviceBuffer(4 * batch * m * n)
             if i == 0:
                 a.upload(host_a)
                 b.upload(host_b)
             else:
-                a.upload(rng.uniform(-1, 1, a_shape).astype(np.float32))
-                b.upload(rng.uniform(-1, 1, b_shape).astype(np.float32))
+                a.upload(_uniform(rng, a_shape))
+                b.upload(_uniform(rng, b_shape))
             self.sets.append((a, b, c))
         self.layout, self.batch = layout, batch
         self.ref = self._reference(m, n, k, host_a, host_b)
