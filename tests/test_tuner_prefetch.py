@@ -361,21 +361,39 @@ def test_the_bundled_examples_are_written_once_and_each_problem_reads_its_own(tm
 
 
 def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_examples(
-        tmp_path, caplog):
+        tmp_path, caplog, monkeypatch):
     """Two shapes of one family in one command: the second shape's start-up is prepared once the
     first shape's trials are stored, so its fit is of the examples its study reads and the study
     uses it (prepared a shape ahead, it was of fewer examples and the study fitted again on the
-    main thread, at every study of every later shape)."""
+    main thread, at every study of every later shape). It is prepared before the first shape's
+    re-timing, which changes stored figures, not which examples there are: still used."""
+    events: list[object] = []
+    settle, prepare_here = run_session.Summary.settle, StartupPrefetch.prepare_here
+
+    def settled(summary: run_session.Summary, session: Session, problem: Problem) -> None:
+        events.append(("re-timed", problem))
+        settle(summary, session, problem)
+
+    def prepared(prefetch: StartupPrefetch, family: Any, problem: Problem, rank: bool) -> None:
+        events.append(("planned", problem))
+        prepare_here(prefetch, family, problem, rank)
+
+    monkeypatch.setattr(run_session.Summary, "settle", settled)
+    monkeypatch.setattr(StartupPrefetch, "prepare_here", prepared)
+    second = Problem(192, 160, 128)
     database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
                        backend="tuner.testing") as evaluator, \
             caplog.at_level(logging.INFO, logger="tuner.search.study"):
         session = _live_session(evaluator, database, tmp_path / "cubins", prefetch_startup=True,
-                                training=None, sampler="default")
-        summary = run_session.tune_all(session, [NAIVE], [PROBLEM, Problem(192, 160, 128)],
+                                training=None, sampler="default", retime_rounds=2)
+        summary = run_session.tune_all(session, [NAIVE], [PROBLEM, second],
                                        Budget(trials=6, timeout_s=60, patience=None))
     database.close()
     assert [o.measured for _, _, o in summary.outcomes] == [6, 6]
+    assert summary.retimed > 0 and summary.retime_rounds == 2
+    assert events == [("planned", PROBLEM), ("planned", second), ("re-timed", PROBLEM),
+                      ("re-timed", second)]
     assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
     messages = [r.getMessage() for r in caplog.records]
     assert any("learns from 6 measured configs of other problems (6 of naive;" in m

@@ -178,11 +178,14 @@ def tune_all(
     with StartupPrefetch(session) as prefetch:
 
         def plan_shape(problem: Problem) -> None:
-            """The start-ups of ``problem``'s studies, planned at its start, once the shapes
-            before have stored every trial: a fit prepared earlier is of fewer examples than its
-            study reads, and the study fitted again on the main thread, the GPU idle
-            (docs/measurement.md, "Start-ups planned shape by shape"). The first on a thread
-            beside the shape's baseline, the others in the processes, in order."""
+            """The start-ups of ``problem``'s studies, planned once the shapes before have
+            stored every trial: a fit prepared earlier is of fewer examples than its study
+            reads, and the study fitted again on the main thread, the GPU idle
+            (docs/measurement.md, "Start-ups planned shape by shape"). Before the shape
+            before is re-timed, whose rounds keep the GPU busy meanwhile: a re-timing changes
+            a few stored figures, not which examples there are, which a prepared fit is
+            checked by (docs/measurement.md, "Shape changes"). The first on a thread, the
+            others in the processes, in order."""
             if wanted is None:
                 return
             prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
@@ -201,9 +204,11 @@ def tune_all(
                             place=f"{index + 1}/{len(order)}" if len(order) > 1 else "")
 
         index = 0
+        planned: Problem | None = None
         while index < len(order) and not session.stop.requested:
             problem = order[index][0]
-            plan_shape(problem)
+            if planned != problem:
+                plan_shape(problem)
             session.evaluator.set_problem(problem)
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
@@ -232,6 +237,9 @@ def tune_all(
                     current = None
                 else:
                     current = built[0] if built else study(index, baseline)
+            if index < len(order) and not session.stop.requested:
+                planned = order[index][0]
+                plan_shape(planned)
             if session.retime_rounds and not session.stop.requested:
                 summary.settle(session, problem)
     summary.interrupted = session.stop.requested
