@@ -365,21 +365,29 @@ def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_e
     """Two shapes of one family in one command: the second shape's start-up is prepared once the
     first shape's trials are stored, so its fit is of the examples its study reads and the study
     uses it (prepared a shape ahead, it was of fewer examples and the study fitted again on the
-    main thread, at every study of every later shape). It is prepared before the first shape's
-    re-timing, which changes stored figures, not which examples there are: still used."""
+    main thread, at every study of every later shape). It is prepared, in the preparing
+    processes, before the first shape's re-timing, which changes stored figures, not which
+    examples there are: still used."""
     events: list[object] = []
-    settle, prepare_here = run_session.Summary.settle, StartupPrefetch.prepare_here
+    settle = run_session.Summary.settle
+    prepare_here, plan = StartupPrefetch.prepare_here, StartupPrefetch.plan
 
     def settled(summary: run_session.Summary, session: Session, problem: Problem) -> None:
         events.append(("re-timed", problem))
         settle(summary, session, problem)
 
-    def prepared(prefetch: StartupPrefetch, family: Any, problem: Problem, rank: bool) -> None:
-        events.append(("planned", problem))
+    def here(prefetch: StartupPrefetch, family: Any, problem: Problem, rank: bool) -> None:
+        events.append(("on a thread", problem))
         prepare_here(prefetch, family, problem, rank)
 
+    def planned(prefetch: StartupPrefetch, studies: Any, rank: Any = None) -> None:
+        studies = list(studies)
+        events.extend(("in the processes", problem) for _, problem in studies)
+        plan(prefetch, studies, rank)
+
     monkeypatch.setattr(run_session.Summary, "settle", settled)
-    monkeypatch.setattr(StartupPrefetch, "prepare_here", prepared)
+    monkeypatch.setattr(StartupPrefetch, "prepare_here", here)
+    monkeypatch.setattr(StartupPrefetch, "plan", planned)
     second = Problem(192, 160, 128)
     database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
@@ -392,8 +400,10 @@ def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_e
     database.close()
     assert [o.measured for _, _, o in summary.outcomes] == [6, 6]
     assert summary.retimed > 0 and summary.retime_rounds == 2
-    assert events == [("planned", PROBLEM), ("planned", second), ("re-timed", PROBLEM),
-                      ("re-timed", second)]
+    # the command's first start-up on a thread, a later shape's in the processes (a thread held
+    # the GIL the re-timing needed), planned before the shape before is re-timed
+    assert events == [("on a thread", PROBLEM), ("in the processes", second),
+                      ("re-timed", PROBLEM), ("re-timed", second)]
     assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
     messages = [r.getMessage() for r in caplog.records]
     assert any("learns from 6 measured configs of other problems (6 of naive;" in m

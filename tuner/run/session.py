@@ -184,12 +184,17 @@ def tune_all(
             (docs/measurement.md, "Start-ups planned shape by shape"). Before the shape
             before is re-timed, whose rounds keep the GPU busy meanwhile: a re-timing changes
             a few stored figures, not which examples there are, which a prepared fit is
-            checked by (docs/measurement.md, "Shape changes"). The first on a thread, the
-            others in the processes, in order."""
+            checked by (docs/measurement.md, "Shape changes"). In the processes, in order;
+            the command's first on a thread instead, where the processes are still starting
+            (or compiling the prior's start-ups: ``preparer.compile_prior``). A later shape's
+            first on a thread held the GIL the re-timing's main thread needed, the GPU idle."""
             if wanted is None:
                 return
-            prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
-            prefetch.plan(((family, problem) for family in families[1:]), wanted)
+            later = families
+            if problem == order[0][0]:
+                prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
+                later = families[1:]
+            prefetch.plan(((family, problem) for family in later), wanted)
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now."""
