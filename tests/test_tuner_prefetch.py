@@ -363,31 +363,22 @@ def test_the_bundled_examples_are_written_once_and_each_problem_reads_its_own(tm
 def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_examples(
         tmp_path, caplog, monkeypatch):
     """Two shapes of one family in one command: the second shape's start-up is prepared once the
-    first shape's trials are stored, so its fit is of the examples its study reads and the study
-    uses it (prepared a shape ahead, it was of fewer examples and the study fitted again on the
-    main thread, at every study of every later shape). It is prepared, in the preparing
-    processes, before the first shape's re-timing, which changes stored figures, not which
-    examples there are: still used."""
-    events: list[object] = []
-    settle = run_session.Summary.settle
-    prepare_here, plan = StartupPrefetch.prepare_here, StartupPrefetch.plan
+    first shape's trials are stored and re-timed, so its fit is of the examples its study reads
+    and the study uses it (prepared a shape ahead, it was of fewer examples and the study fitted
+    again on the main thread, at every study of every later shape)."""
+    events: list[tuple[str, Problem]] = []
+    settle, prepare_here = run_session.Summary.settle, StartupPrefetch.prepare_here
 
     def settled(summary: run_session.Summary, session: Session, problem: Problem) -> None:
         events.append(("re-timed", problem))
         settle(summary, session, problem)
 
     def here(prefetch: StartupPrefetch, family: Any, problem: Problem, rank: bool) -> None:
-        events.append(("on a thread", problem))
+        events.append(("planned", problem))
         prepare_here(prefetch, family, problem, rank)
-
-    def planned(prefetch: StartupPrefetch, studies: Any, rank: Any = None) -> None:
-        studies = list(studies)
-        events.extend(("in the processes", problem) for _, problem in studies)
-        plan(prefetch, studies, rank)
 
     monkeypatch.setattr(run_session.Summary, "settle", settled)
     monkeypatch.setattr(StartupPrefetch, "prepare_here", here)
-    monkeypatch.setattr(StartupPrefetch, "plan", planned)
     second = Problem(192, 160, 128)
     database = db.open_database(f"sqlite:///{tmp_path / 'gemmtune.sqlite'}")
     with LiveEvaluator(0, cache_dir=tmp_path / "cubins", workers=1,
@@ -399,11 +390,9 @@ def test_a_shapes_start_ups_are_planned_at_its_start_with_the_shapes_before_as_e
                                        Budget(trials=6, timeout_s=60, patience=None))
     database.close()
     assert [o.measured for _, _, o in summary.outcomes] == [6, 6]
-    assert summary.retimed > 0 and summary.retime_rounds == 2
-    # the command's first start-up on a thread, a later shape's in the processes (a thread held
-    # the GIL the re-timing needed), planned before the shape before is re-timed
-    assert events == [("on a thread", PROBLEM), ("in the processes", second),
-                      ("re-timed", PROBLEM), ("re-timed", second)]
+    assert summary.retimed > 0
+    assert events == [("planned", PROBLEM), ("re-timed", PROBLEM), ("planned", second),
+                      ("re-timed", second)]
     assert evaluator.phases.counts.get(STARTUP_BG, 0) == 2
     messages = [r.getMessage() for r in caplog.records]
     assert any("learns from 6 measured configs of other problems (6 of naive;" in m

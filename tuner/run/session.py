@@ -178,23 +178,15 @@ def tune_all(
     with StartupPrefetch(session) as prefetch:
 
         def plan_shape(problem: Problem) -> None:
-            """The start-ups of ``problem``'s studies, planned once the shapes before have
-            stored every trial: a fit prepared earlier is of fewer examples than its study
-            reads, and the study fitted again on the main thread, the GPU idle
-            (docs/measurement.md, "Start-ups planned shape by shape"). Before the shape
-            before is re-timed, whose rounds keep the GPU busy meanwhile: a re-timing changes
-            a few stored figures, not which examples there are, which a prepared fit is
-            checked by (docs/measurement.md, "Shape changes"). In the processes, in order;
-            the command's first on a thread instead, where the processes are still starting
-            (or compiling the prior's start-ups: ``preparer.compile_prior``). A later shape's
-            first on a thread held the GIL the re-timing's main thread needed, the GPU idle."""
+            """The start-ups of ``problem``'s studies, planned at its start, once the shapes
+            before have stored every trial: a fit prepared earlier is of fewer examples than its
+            study reads, and the study fitted again on the main thread, the GPU idle
+            (docs/measurement.md, "Start-ups planned shape by shape"). The first on a thread
+            beside the shape's baseline, the others in the processes, in order."""
             if wanted is None:
                 return
-            later = families
-            if problem == order[0][0]:
-                prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
-                later = families[1:]
-            prefetch.plan(((family, problem) for family in later), wanted)
+            prefetch.prepare_here(families[0], problem, wanted(families[0], problem))
+            prefetch.plan(((family, problem) for family in families[1:]), wanted)
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now."""
@@ -209,11 +201,9 @@ def tune_all(
                             place=f"{index + 1}/{len(order)}" if len(order) > 1 else "")
 
         index = 0
-        planned: Problem | None = None
         while index < len(order) and not session.stop.requested:
             problem = order[index][0]
-            if planned != problem:
-                plan_shape(problem)
+            plan_shape(problem)
             session.evaluator.set_problem(problem)
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
@@ -242,9 +232,6 @@ def tune_all(
                     current = None
                 else:
                     current = built[0] if built else study(index, baseline)
-            if index < len(order) and not session.stop.requested:
-                planned = order[index][0]
-                plan_shape(planned)
             if session.retime_rounds and not session.stop.requested:
                 summary.settle(session, problem)
     summary.interrupted = session.stop.requested
