@@ -199,8 +199,8 @@ class DeviceBuffer:
 
 def _uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Inputs uniform in [-1, 1), drawn as float32: drawn as float64 and converted, a 4096³
-    problem's took 0.9 s of the GPU child's host (2-core machine) while the GPU waited, at each
-    shape change (docs/measurement.md, "Shape changes"); 0.05 s so."""
+    problem's took 0.9 s of the GPU child (2-core machine) while the GPU waited at its shape
+    change (docs/measurement.md, "Shape changes"); 0.05 s so."""
     values = rng.random(shape, dtype=np.float32)
     values *= 2
     values -= 1
