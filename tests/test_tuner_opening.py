@@ -28,6 +28,24 @@ def opening(*candidates: tuple[object, dict[str, int]], problem: Problem = SMALL
     return Opening(problem, lambda arch: list(candidates))
 
 
+def _command(argv: list[str]) -> LiveEvaluator:
+    """``python -m tuner`` with these arguments, on the stand-in (GEMMTUNE_GPU_BACKEND set by
+    the test), as ``live_main`` runs it; every answer the opening or a post ahead gave was taken
+    by its study. The evaluator, closed."""
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import start_command, tune
+
+    options = parse_args(argv)
+    evaluator, process = start_command(options)
+    with evaluator:
+        try:
+            assert tune(options, evaluator, progress=False, preparer=process) == 0
+        finally:
+            kill_pool(process)
+        assert not evaluator._opened
+    return evaluator
+
+
 def test_the_opening_is_posted_before_the_search_and_its_answer_goes_to_the_ask(tmp_path):
     ok, broken = {"MODE": PLANTED_OK}, {"MODE": PLANTED_COMPILE_ERROR}
     with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing",
@@ -177,22 +195,12 @@ def test_the_opening_posts_after_the_start_until_the_command_hands_over_work(tmp
 def test_the_command_measures_its_first_studys_starting_point_once(tmp_path, monkeypatch):
     """``python -m tuner``'s start (start_command) opens with naive's declared starting point,
     which the study's warm start asks for first: stored as its first trial, measured once."""
-    from tuner.run.cli import parse_args
-    from tuner.run.tune import start_command, tune
-
     monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
     url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
-    options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--trials", "5",
+    evaluator = _command(["--kernel", "naive", "--shape", "64x48x32", "--trials", "5",
                           "--sampler", "random", "--workers", "2", "--db", url,
                           "--cache", str(tmp_path / "cubins")])
-    evaluator, process = start_command(options)
-    with evaluator:
-        try:
-            assert tune(options, evaluator, progress=False, preparer=process) == 0
-        finally:
-            kill_pool(process)
-        assert not evaluator._opened  # taken by the study
-        assert evaluator.phases.answers == evaluator.phases.trials == 5
+    assert evaluator.phases.answers == evaluator.phases.trials == 5
     database = db.open_database(url)
     try:
         (run,) = database.list_runs(family="naive")
@@ -208,9 +216,6 @@ def test_a_later_shapes_first_asks_are_posted_before_its_study_is_built_and_meas
     points) goes to the GPU right after the baseline, before the study is built; the study's
     asks take those answers: every trial measured once. A second run of the command on the same
     database (its studies resume) posts nothing."""
-    from tuner.run.cli import parse_args
-    from tuner.run.tune import start_command, tune
-
     monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
     posted: list[tuple[Problem, list[dict[str, int]], int]] = []
     real = LiveEvaluator.post_ahead
@@ -226,17 +231,9 @@ def test_a_later_shapes_first_asks_are_posted_before_its_study_is_built_and_meas
     second = Problem(80, 64, 48)
 
     def command() -> LiveEvaluator:
-        options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--shape", "80x64x48",
-                              "--trials", "5", "--sampler", "random", "--workers", "2",
-                              "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
-        evaluator, process = start_command(options)
-        with evaluator:
-            try:
-                assert tune(options, evaluator, progress=False, preparer=process) == 0
-            finally:
-                kill_pool(process)
-            assert not evaluator._opened  # every posted answer taken by its study
-        return evaluator
+        return _command(["--kernel", "naive", "--shape", "64x48x32", "--shape", "80x64x48",
+                         "--trials", "5", "--sampler", "random", "--workers", "2",
+                         "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
 
     evaluator = command()
     assert evaluator.phases.answers == evaluator.phases.trials == 10
