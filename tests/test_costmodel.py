@@ -270,16 +270,43 @@ def test_cli_offers_the_model_sampler(tmp_path):
 
 
 
+def test_an_examples_unit_and_sort_key_are_kept_and_it_pickles_as_its_fields(pinned):
+    """``Example.unit`` and ``Example.identity`` are computed once per example (a start-up
+    reads them for every bundled example, study after study); pickled for the preparing
+    processes, an example carries its fields alone, equal on the other side, its keys the
+    same when computed there; a changed example has its own."""
+    import dataclasses
+    import pickle
+
+    example = examples_from_recordings(pinned)[0]
+    assert "identity" not in example.__dict__
+    key, unit = example.identity, example.unit
+    assert example.identity is key and example.unit is unit  # kept, not built again
+    assert unit == (example.gpu, example.family, example.problem.shape)
+    assert key == (example.gpu, example.target.sm_count, example.target.arch, example.family,
+                   example.problem.m, example.problem.n, example.problem.k,
+                   example.problem.dtype, example.problem.layout,
+                   example.problem.general_alpha_beta, tuple(sorted(example.config.items())),
+                   example.gflops)
+    back = pickle.loads(pickle.dumps(example, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == example and "identity" not in back.__dict__ and "unit" not in back.__dict__
+    assert back.identity == key and back.unit == unit
+    assert example.__getstate__() == tuple(getattr(example, f.name)
+                                           for f in dataclasses.fields(example))
+    other = dataclasses.replace(example, gflops=example.gflops + 1)
+    assert other.identity != key and other.identity[-1] == example.gflops + 1
+
+
 def test_examples_are_capped_keeping_the_family_own_first_whatever_their_order(pinned):
-    from tuner.search.learned import _identity, capped
+    from tuner.search.learned import IDENTITY, capped
 
     examples = examples_from_recordings(pinned)
     own = [e for e in examples if e.family == "warptile"]
     kept = capped(examples, "warptile", limit=len(own) + 10, seed=1)
     assert len(kept) == len(own) + 10
-    assert kept[:len(own)] == sorted(own, key=_identity)
-    assert sorted(capped(examples, "warptile", limit=10**6), key=_identity) == sorted(
-        examples, key=_identity)
+    assert kept[:len(own)] == sorted(own, key=IDENTITY)
+    assert sorted(capped(examples, "warptile", limit=10**6), key=IDENTITY) == sorted(
+        examples, key=IDENTITY)
     # which examples are kept, and in what order, never depends on the order they came in
     shuffled = random.Random(7).sample(examples, len(examples))
     for limit in (5, len(own) + 10, 10**6):

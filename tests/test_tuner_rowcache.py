@@ -2,6 +2,8 @@
 stale, recomputed where damaged, one file per unit; and through costmodel._unit_rows."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -71,8 +73,8 @@ def test_a_damaged_file_is_recomputed_and_rewritten(tmp_path, unit_examples):
 
 def test_examples_naming_different_parameters_are_not_cached(tmp_path, unit_examples):
     unit, examples = unit_examples
-    odd = list(examples[:3]) + [examples[3].__class__(**{**examples[3].__dict__,
-                                                        "config": {**examples[3].config, "EXTRA": 1}})]
+    odd = list(examples[:3]) + [dataclasses.replace(examples[3],
+                                                    config={**examples[3].config, "EXTRA": 1})]
     calls: list[int] = []
     rowcache.unit_rows(unit, odd, lambda: (calls.append(1), ({}, 0.0))[1], tmp_path)
     assert calls == [1] and not (tmp_path / rowcache.FOLDER).exists()

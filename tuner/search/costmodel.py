@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from functools import lru_cache
-from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -98,11 +98,34 @@ class Example:
     problem: Problem
     gflops: float  # 0 where the config failed
 
-    @property
+    # Both cached on the instance (== compares the fields alone): a start-up reads them for
+    # each of the 54,136 bundled examples, the same objects study after study; computed anew,
+    # they were a quarter of naive's start-up (docs/search.md, "Start-ups' own time").
+    @cached_property
     def unit(self) -> tuple[str, str, str]:
         """The (GPU model, family, shape) it belongs to: the unit normalised together and
         held out together."""
         return (self.gpu, self.family, self.problem.shape)
+
+    @cached_property
+    def identity(self) -> tuple[Any, ...]:
+        """What tells one example from another, as a sort key."""
+        p = self.problem
+        return (self.gpu, self.target.sm_count, self.target.arch, self.family,
+                p.m, p.n, p.k, p.dtype, p.layout, p.general_alpha_beta,
+                tuple(sorted(self.config.items())), self.gflops)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        # The fields alone: not the cached values (computed again where read), nor the
+        # instance's dict, which a start-up's thread may be filling while the examples are
+        # pickled for the preparing processes (tuner.search.prefetch).
+        return tuple(getattr(self, f) for f in _EXAMPLE_FIELDS)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.__dict__.update(zip(_EXAMPLE_FIELDS, state))
+
+
+_EXAMPLE_FIELDS = tuple(f.name for f in fields(Example))
 
 
 def features(family: Any, config: Mapping[str, int], problem: Problem, target: Target

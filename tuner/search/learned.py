@@ -187,6 +187,9 @@ def _bundled_examples(gpu: str, shape: str) -> tuple[Example, ...]:
     return without_shape(bundled_examples(gpu), gpu, shape)
 
 
+IDENTITY = operator.attrgetter("identity")  # Example.identity, a sort key
+
+
 def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
            seed: int | None = 0) -> list[Example]:
     """At most ``limit`` examples, the family's own first, then a seeded sample of the others:
@@ -195,21 +198,13 @@ def capped(examples: Sequence[Example], family: str, limit: int = MAX_EXAMPLES,
     transfer columns) comes from all the examples. Sorted before sampling,
     so that the examples kept and their order depend on which examples there are, not on the
     order the database or the caller listed them in."""
-    own = sorted((e for e in examples if e.family == family), key=_identity)
+    own = sorted((e for e in examples if e.family == family), key=IDENTITY)
     if len(own) >= limit and len(examples) > limit:  # the others are not drawn: not sorted
         return random.Random(seed).sample(own, limit)
-    others = sorted((e for e in examples if e.family != family), key=_identity)
+    others = sorted((e for e in examples if e.family != family), key=IDENTITY)
     if len(examples) <= limit:
         return own + others
     return own + random.Random(seed).sample(others, limit - len(own))
-
-
-def _identity(example: Example) -> tuple[Any, ...]:
-    """What tells one example from another, as a sort key."""
-    p = example.problem
-    return (example.gpu, example.target.sm_count, example.target.arch, example.family,
-            p.m, p.n, p.k, p.dtype, p.layout, p.general_alpha_beta,
-            tuple(sorted(example.config.items())), example.gflops)
 
 
 def geometry_groups(x: np.ndarray) -> np.ndarray:
