@@ -31,6 +31,7 @@ import operator
 import os
 import random
 from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -248,16 +249,7 @@ FitKey = tuple[int, tuple[tuple[Unit, int], ...]]
 def fit_key(seed: int | None, examples: Sequence[Example]) -> FitKey:
     """What a fit on examples of other problems depends on: the model's seed and the examples
     (by unit and count: a unit's measurements only grow, and the fit reads all of them)."""
-    # counted by problem first: a unit's name formats the problem's shape, and two studies'
-    # set-ups walked all 54,136 of the H200's examples naming each (61 → 16 ms a walk, 2-core)
-    by_problem: dict[tuple[str, str, Problem], int] = {}
-    for example in examples:
-        key = (example.gpu, example.family, example.problem)
-        by_problem[key] = by_problem.get(key, 0) + 1
-    counts: dict[Unit, int] = {}
-    for (gpu, family, problem), count in by_problem.items():
-        unit = (gpu, family, problem.shape)
-        counts[unit] = counts.get(unit, 0) + count
+    counts = Counter(example.unit for example in examples)  # (kept on each example)
     return CostModel(seed).seed, tuple(sorted(counts.items()))
 
 
