@@ -686,11 +686,18 @@ class LiveEvaluator:
             wait(futures, timeout=_OPENING_POLL_S, return_when=FIRST_COMPLETED)
             for key in [key for key, (_, _, future) in self._opening_left.items() if future.done()]:
                 family, config, future = self._opening_left.pop(key)
-                try:
-                    compiled = future.result()
-                except Exception:  # noqa: BLE001  the study's own ask compiles it and says why
-                    continue
-                self._opened[key] = self._send(self._ticket(family, config, problem, compiled))
+                self._open_compiled(key, family, config, future)
+
+    def _open_compiled(self, key: tuple, family: Any, config: dict[str, int],
+                       compiled: Future[_Compiled]) -> None:
+        """Post a candidate asked for ahead of its study (``key``: its program and problem) once
+        its compile is done; its answer waits in ``_opened`` for the study's ask. A compile
+        that raised is left to the ask, which compiles it and says why."""
+        try:
+            done = compiled.result()
+        except Exception:  # noqa: BLE001
+            return
+        self._opened[key] = self._send(self._ticket(family, config, key[1], done))
 
     def post_ahead(self, family: Any, configs: Iterable[dict[str, int]]) -> int:
         """Hand the GPU children these configs of the current problem now, as the opening does
@@ -703,18 +710,13 @@ class LiveEvaluator:
             return 0
         jobs = []
         for config in configs:
-            key = self._key(family, config)
-            if (key, self.problem) not in self._opened:
-                jobs.append((key, config, self._compiles.pop(key, None) or self.pool.submit(family, config)))
+            key = (self._key(family, config), self.problem)
+            if key not in self._opened:
+                jobs.append((key, config, self._compiles.pop(key[0], None)
+                             or self.pool.submit(family, config)))
         for key, config, future in jobs:
-            try:
-                compiled = future.result()
-            except Exception:  # noqa: BLE001  the study's own ask compiles it and says why
-                continue
-            ticket = self._ticket(family, config, self.problem, compiled)
-            if ticket.request is not None:  # (a compile error is the ask's to report)
-                self._opened[(key, self.problem)] = self._send(ticket)
-        return sum(1 for key, _, _ in jobs if (key, self.problem) in self._opened)
+            self._open_compiled(key, family, config, future)
+        return sum(1 for key, _, _ in jobs if key in self._opened)
 
     @property
     def tickets(self) -> int:
