@@ -254,6 +254,80 @@ def test_a_later_shapes_first_asks_are_posted_before_its_study_is_built_and_meas
     assert evaluator.phases.answers == 1  # the start's opening alone (its one starting point)
 
 
+@pytest.mark.parametrize("ahead", [12, 0])
+def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
+        tmp_path, monkeypatch, ahead):
+    """A later shape's start posts its first study's warm start and, up to
+    AHEAD_AT_SHAPE_CHANGE configs, the next studies' (here all of them; with 0, none); each
+    study's is posted, where it was not yet, while the study before drains, before it is built.
+    Every config measured once, every posted answer taken by its study's ask."""
+    import tuner.run.session as session_module
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    monkeypatch.setattr(session_module, "AHEAD_AT_SHAPE_CHANGE", ahead)
+    events: list[tuple[str, Problem | None, str, int]] = []
+    real_post, real_run = LiveEvaluator.post_ahead, session_module.StudyRun
+
+    def post(evaluator: LiveEvaluator, family, configs) -> int:
+        count = real_post(evaluator, family, configs)
+        events.append(("post", evaluator.problem, family.name, count))
+        return count
+
+    def build(session, family, problem, *args, **kwargs):
+        events.append(("build", problem, family.name, 0))
+        return real_run(session, family, problem, *args, **kwargs)
+
+    monkeypatch.setattr(LiveEvaluator, "post_ahead", post)
+    monkeypatch.setattr(session_module, "StudyRun", build)
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    evaluator = _command(["--kernel", "naive", "--kernel", "smem", "--kernel", "blocktile1d",
+                          "--shape", "64x48x32", "--shape", "80x64x48", "--trials", "3",
+                          "--sampler", "random", "--workers", "2", "--retime-rounds", "0",
+                          "--db", url, "--cache", str(tmp_path / "cubins")])
+    assert evaluator.phases.answers == evaluator.phases.trials
+    second = [(kind, family, count) for kind, problem, family, count in events
+              if problem == Problem(80, 64, 48)]
+    if ahead:
+        assert second[:4] == [("post", "naive", second[0][2]), ("post", "smem", 1),
+                              ("post", "blocktile1d", 1), ("build", "naive", 0)]
+        assert second[4:] == [("post", "smem", 0), ("build", "smem", 0),
+                              ("post", "blocktile1d", 0), ("build", "blocktile1d", 0)]
+    else:
+        assert second[:2] == [("post", "naive", second[0][2]), ("build", "naive", 0)]
+        assert second[2:] == [("post", "smem", 1), ("build", "smem", 0),
+                              ("post", "blocktile1d", 1), ("build", "blocktile1d", 0)]
+    assert second[0][2] >= 1  # naive's: the first shape's best, its starting point
+
+
+def test_a_post_ahead_leaves_a_compile_still_running_to_the_ask(tmp_path, monkeypatch):
+    """Only configs compiled already are posted ahead: one still compiling stays a prepared
+    compile (the study being built must not wait on it), and is posted once it is done."""
+    gate = threading.Event()
+    real = CompilePool.submit
+
+    def held(pool: CompilePool, family: object, config: dict[str, int]) -> Future:
+        compiled, out = real(pool, family, config), Future()
+        threading.Thread(target=lambda: (gate.wait(), out.set_result(compiled.result())),
+                         daemon=True).start()
+        return out
+
+    monkeypatch.setattr(CompilePool, "submit", held)
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing") as evaluator:
+        evaluator.set_problem(SMALL)
+        assert evaluator.post_ahead(NAIVE, NAIVE_CONFIGS) == 0
+        assert not evaluator.lanes[0].queued and len(evaluator._compiles) == len(NAIVE_CONFIGS)
+        gate.set()
+        deadline = time.monotonic() + 60
+        while not all(future.done() for future in evaluator._compiles.values()):
+            assert time.monotonic() < deadline, "the compiles never finished"
+            time.sleep(0.05)
+        assert evaluator.post_ahead(NAIVE, NAIVE_CONFIGS) == len(NAIVE_CONFIGS)
+        assert not evaluator._compiles and len(evaluator.lanes[0].queued) == len(NAIVE_CONFIGS)
+        tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS]
+        assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(NAIVE_CONFIGS)
+        assert evaluator.phases.answers == len(NAIVE_CONFIGS)
+
+
 def test_the_opening_is_every_offered_familys_accepted_starting_points_in_study_order():
     """The first problem's studies, in the order they run, on this GPU: wgmma's starting
     points then naive's on a Hopper GPU; naive's alone where wgmma is not offered (Ampere);

@@ -703,20 +703,24 @@ class LiveEvaluator:
         """Hand the GPU children these configs of the current problem now, as the opening does
         at the command's start, for a study not yet built that asks them first: their answers
         wait for its asks (``submit`` takes them), or are read in turn and dropped where none
-        comes. Their compiles are waited for (a later shape's are in the CUBIN cache). How many
-        were posted."""
+        comes. Only those compiled already (a tuned shape's, in the CUBIN cache): the others'
+        compiles go on as prepared compiles for the asks, never waited for here. How many were
+        posted."""
         self._take_over()
         if self.problem is None:
             return 0
-        jobs = []
+        posted = 0
         for config in configs:
             key = (self._key(family, config), self.problem)
-            if key not in self._opened:
-                jobs.append((key, config, self._compiles.pop(key[0], None)
-                             or self.pool.submit(family, config)))
-        for key, config, future in jobs:
+            if key in self._opened:
+                continue
+            future = self._compiles.pop(key[0], None) or self.pool.submit(family, config)
+            if not future.done():
+                self._compiles[key[0]] = future
+                continue
             self._open_compiled(key, family, config, future)
-        return sum(1 for key, _, _ in jobs if key in self._opened)
+            posted += key in self._opened
+        return posted
 
     @property
     def tickets(self) -> int:

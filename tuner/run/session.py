@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 
 # With a shared time budget, a study still gets this long even when earlier ones overran.
 MIN_STUDY_SECONDS = 5.0
+# At a shape's start, the later studies' warm starts posted beside the first study's, about this
+# many configs: GPU work for the first study's start-up and set-up (1-2 s with the GPU idle; a
+# measurement takes ~0.1 s at the small shapes), few enough that the first study's own asks do
+# not queue far behind them (docs/measurement.md, "Warm starts posted a study ahead").
+AHEAD_AT_SHAPE_CHANGE = 12
 
 
 @dataclass
@@ -87,21 +92,33 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     return baseline
 
 
-def _post_first_asks(session: Session, family: Any, problem: Problem, trials: int) -> None:
-    """A shape's first study's warm start (the nearest tuned shapes' bests, the declared starting
-    points: asked among its first whatever its search), handed to the GPU before that study is
-    built, so that the GPU measures them while the main thread waits for its start-up and builds
-    it (the GPU idled 2.5-2.9 s at each shape change of the default command on the H200;
-    docs/measurement.md, "Shape changes"). Not where this family was measured at this problem
-    before: a resumed study skips its warm start."""
+def _post_warm_start(session: Session, family: Any, problem: Problem, trials: int) -> int:
+    """A study's warm start (the nearest tuned shapes' bests, the declared starting points: asked
+    among its first whatever its search), handed to the GPU before that study is built, so that
+    the GPU measures them while the main thread waits for its start-up and builds it
+    (docs/measurement.md, "Shape changes", "Warm starts posted a study ahead"). Not where this
+    family was measured at this problem before: a resumed study skips its warm start. How many
+    were posted."""
     post = getattr(session.evaluator, "post_ahead", None)
     if post is None or not session.warm_start:
-        return
+        return 0
     bound = kernels.bind(family, problem.layout, problem.batch)
     same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
                                  session.evaluator.arch())
-    if not same:
-        post(bound, elsewhere[:trials])
+    return 0 if same else post(bound, elsewhere[:trials])
+
+
+def _post_shape_warm_starts(session: Session, families: list[Any], problem: Problem,
+                            trials: int) -> None:
+    """At a shape's start: its first study's warm start, then the next studies' in their order
+    until AHEAD_AT_SHAPE_CHANGE configs of theirs are with the GPU, which measures them through
+    the first study's start-up and set-up."""
+    _post_warm_start(session, families[0], problem, trials)
+    posted = 0
+    for family in families[1:]:
+        if posted >= AHEAD_AT_SHAPE_CHANGE:
+            break
+        posted += _post_warm_start(session, family, problem, trials)
 
 
 def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:
@@ -208,7 +225,8 @@ def tune_all(
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
                 summary.baselines[problem] = baseline
-            _post_first_asks(session, order[index][1], problem, budget.trials)
+            _post_shape_warm_starts(session, [f for p, f in order[index:] if p == problem],
+                                    problem, budget.trials)
             current: StudyRun | None = study(index, baseline)
             while current is not None:
                 built: list[StudyRun] = []
@@ -221,6 +239,8 @@ def tune_all(
                     if session.stop.requested:
                         return
                     try:
+                        # its warm start first: the GPU measures it while the study is built
+                        _post_warm_start(session, order[index + 1][1], problem, budget.trials)
                         built.append(study(index + 1, baseline))
                     except Exception:  # noqa: BLE001  not this run's failure: built again below
                         log.debug("building the next study early failed", exc_info=True)
