@@ -328,6 +328,22 @@ def test_a_post_ahead_leaves_a_compile_still_running_to_the_ask(tmp_path, monkey
         assert evaluator.phases.answers == len(NAIVE_CONFIGS)
 
 
+def test_a_post_ahead_counts_what_went_to_the_gpu_not_a_compile_error(tmp_path):
+    """A config that does not compile is answered at once (its ask takes the error), and is not
+    counted as GPU work posted ahead."""
+    ok, broken = {"MODE": PLANTED_OK}, {"MODE": PLANTED_COMPILE_ERROR}
+    with LiveEvaluator(0, cache_dir=tmp_path, workers=1, backend="tuner.testing") as evaluator:
+        evaluator.set_problem(SMALL)
+        evaluator.pool.submit(PLANTED, ok).result()  # cached: posted at once
+        assert evaluator.post_ahead(PLANTED, [ok, broken]) == 1
+        evaluator._compiles[evaluator._key(PLANTED, broken)].result()  # the error, now done
+        assert evaluator.post_ahead(PLANTED, [ok, broken]) == 0
+        assert len(evaluator.lanes[0].queued) == 1 and not evaluator._compiles
+        assert evaluator.evaluate(PLANTED, broken, SMALL).state == "compile_error"
+        assert evaluator.evaluate(PLANTED, ok, SMALL).state == "ok"
+        assert evaluator.phases.answers == 1
+
+
 def test_the_opening_is_every_offered_familys_accepted_starting_points_in_study_order():
     """The first problem's studies, in the order they run, on this GPU: wgmma's starting
     points then naive's on a Hopper GPU; naive's alone where wgmma is not offered (Ampere);

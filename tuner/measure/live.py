@@ -719,7 +719,8 @@ class LiveEvaluator:
                 self._compiles[key[0]] = future
                 continue
             self._open_compiled(key, family, config, future)
-            posted += key in self._opened
+            opened = self._opened.get(key)
+            posted += opened is not None and opened.request is not None  # (not a compile error)
         return posted
 
     @property
