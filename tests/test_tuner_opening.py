@@ -257,14 +257,14 @@ def test_a_later_shapes_first_asks_are_posted_before_its_study_is_built_and_meas
 @pytest.mark.parametrize("ahead", [12, 0])
 def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
         tmp_path, monkeypatch, ahead):
-    """A later shape's start posts its first study's warm start and, up to
-    AHEAD_AT_SHAPE_CHANGE configs, the next studies' (here all of them; with 0, none); each
-    study's is posted, where it was not yet, while the study before drains, before it is built.
-    Every config measured once, every posted answer taken by its study's ask."""
+    """Before each study is built (at a shape's start, and while the study before drains): its
+    warm start, then the later studies' while fewer than AHEAD posted configs are unanswered
+    (here all of them; with 0, none). A warm start is posted once. Every config measured once,
+    every posted answer taken by its study's ask."""
     import tuner.run.session as session_module
 
     monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
-    monkeypatch.setattr(session_module, "AHEAD_AT_SHAPE_CHANGE", ahead)
+    monkeypatch.setattr(session_module, "AHEAD", ahead)
     events: list[tuple[str, Problem | None, str, int]] = []
     real_post, real_run = LiveEvaluator.post_ahead, session_module.StudyRun
 
@@ -287,21 +287,23 @@ def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
     assert evaluator.phases.answers == evaluator.phases.trials
     second = [(kind, family, count) for kind, problem, family, count in events
               if problem == Problem(80, 64, 48)]
-    if ahead:
-        assert second[:4] == [("post", "naive", second[0][2]), ("post", "smem", 1),
-                              ("post", "blocktile1d", 1), ("build", "naive", 0)]
-        assert second[4:] == [("post", "smem", 0), ("build", "smem", 0),
-                              ("post", "blocktile1d", 0), ("build", "blocktile1d", 0)]
-    else:
-        assert second[:2] == [("post", "naive", second[0][2]), ("build", "naive", 0)]
-        assert second[2:] == [("post", "smem", 1), ("build", "smem", 0),
-                              ("post", "blocktile1d", 1), ("build", "blocktile1d", 0)]
+    naive = ("post", "naive", second[0][2])
     assert second[0][2] >= 1  # naive's: the first shape's best, its starting point
+    if ahead:
+        assert second == [naive, ("post", "smem", 1), ("post", "blocktile1d", 1),
+                          ("build", "naive", 0),
+                          ("post", "smem", 0), ("post", "blocktile1d", 0), ("build", "smem", 0),
+                          ("post", "blocktile1d", 0), ("build", "blocktile1d", 0)]
+    else:
+        assert second == [naive, ("build", "naive", 0),
+                          ("post", "smem", 1), ("build", "smem", 0),
+                          ("post", "blocktile1d", 1), ("build", "blocktile1d", 0)]
 
 
 def test_a_post_ahead_leaves_a_compile_still_running_to_the_ask(tmp_path, monkeypatch):
     """Only configs compiled already are posted ahead: one still compiling stays a prepared
-    compile (the study being built must not wait on it), and is posted once it is done."""
+    compile (the study being built must not wait on it), and is posted once it is done.
+    ``posted_ahead`` counts those posted, not yet taken by an ask, whose answers are unread."""
     gate = threading.Event()
     real = CompilePool.submit
 
@@ -323,8 +325,13 @@ def test_a_post_ahead_leaves_a_compile_still_running_to_the_ask(tmp_path, monkey
             time.sleep(0.05)
         assert evaluator.post_ahead(NAIVE, NAIVE_CONFIGS) == len(NAIVE_CONFIGS)
         assert not evaluator._compiles and len(evaluator.lanes[0].queued) == len(NAIVE_CONFIGS)
-        tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS]
-        assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(NAIVE_CONFIGS)
+        assert evaluator.posted_ahead() == len(NAIVE_CONFIGS)
+        last = evaluator.submit(NAIVE, NAIVE_CONFIGS[-1], SMALL)  # taken: no longer ahead
+        assert evaluator.posted_ahead() == len(NAIVE_CONFIGS) - 1
+        assert evaluator.collect(last).state == "ok"  # the answers before it read on the way
+        assert evaluator.posted_ahead() == 0 and len(evaluator._opened) == len(NAIVE_CONFIGS) - 1
+        tickets = [evaluator.submit(NAIVE, config, SMALL) for config in NAIVE_CONFIGS[:-1]]
+        assert [evaluator.collect(t).state for t in tickets] == ["ok"] * (len(NAIVE_CONFIGS) - 1)
         assert evaluator.phases.answers == len(NAIVE_CONFIGS)
 
 

@@ -723,6 +723,12 @@ class LiveEvaluator:
             posted += opened is not None and opened.request is not None  # (not a compile error)
         return posted
 
+    def posted_ahead(self) -> int:
+        """Configs posted ahead of their studies (``post_ahead``, the opening) whose answers
+        have not been read yet: about what the GPU has still to measure for studies not
+        asking yet."""
+        return sum(1 for ticket in self._opened.values() if ticket.answer is None)
+
     @property
     def tickets(self) -> int:
         """Candidates it takes at once: ``queue_depth`` for each GPU child. (The search once

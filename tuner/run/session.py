@@ -22,11 +22,12 @@ log = logging.getLogger(__name__)
 
 # With a shared time budget, a study still gets this long even when earlier ones overran.
 MIN_STUDY_SECONDS = 5.0
-# At a shape's start, the later studies' warm starts posted beside the first study's, about this
-# many configs: GPU work for the first study's start-up and set-up (1-2 s with the GPU idle; a
-# measurement takes ~0.1 s at the small shapes), few enough that the first study's own asks do
-# not queue far behind them (docs/measurement.md, "Warm starts posted a study ahead").
-AHEAD_AT_SHAPE_CHANGE = 12
+# Warm starts posted ahead of their studies: the next study's, then the later ones' while fewer
+# than this many posted configs are unanswered: GPU work while a study is built (its start-up,
+# storage and model view: 0.3-2 s with the GPU idle; a measurement takes ~0.1 s at the small
+# shapes), few enough that a study's own asks do not queue far behind them (docs/measurement.md,
+# "Warm starts posted a study ahead").
+AHEAD = 12
 
 
 @dataclass
@@ -108,17 +109,16 @@ def _post_warm_start(session: Session, family: Any, problem: Problem, trials: in
     return 0 if same else post(bound, elsewhere[:trials])
 
 
-def _post_shape_warm_starts(session: Session, families: list[Any], problem: Problem,
-                            trials: int) -> None:
-    """At a shape's start: its first study's warm start, then the next studies' in their order
-    until AHEAD_AT_SHAPE_CHANGE configs of theirs are with the GPU, which measures them through
-    the first study's start-up and set-up."""
-    _post_warm_start(session, families[0], problem, trials)
-    posted = 0
-    for family in families[1:]:
-        if posted >= AHEAD_AT_SHAPE_CHANGE:
+def _post_warm_starts(session: Session, families: list[Any], problem: Problem,
+                      trials: int) -> None:
+    """Before the first of ``families`` (the shape's studies still to be built, in order) is
+    built: its warm start, then the later ones' while fewer than AHEAD configs posted ahead are
+    unanswered, so that the GPU measures them while the main thread builds the study."""
+    ahead = getattr(session.evaluator, "posted_ahead", None)
+    for i, family in enumerate(families):
+        if i and (ahead is None or ahead() >= AHEAD):
             break
-        posted += _post_warm_start(session, family, problem, trials)
+        _post_warm_start(session, family, problem, trials)
 
 
 def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:
@@ -206,8 +206,12 @@ def tune_all(
             prefetch.plan(((family, problem) for family in families[1:]), wanted)
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
-            """The index-th study of ``order``, its time share taken from what is left now."""
+            """The index-th study of ``order``, its time share taken from what is left now; its
+            warm start (and the later studies', AHEAD) handed to the GPU first, which measures
+            them while the study is built."""
             problem, family = order[index]
+            _post_warm_starts(session, [f for p, f in order[index:] if p == problem], problem,
+                              budget.trials)
             study_budget = budget
             if total_seconds is not None:
                 left = total_seconds - (time.monotonic() - started)
@@ -225,8 +229,6 @@ def tune_all(
             baseline = _measure_baseline(session, problem)
             if baseline is not None:
                 summary.baselines[problem] = baseline
-            _post_shape_warm_starts(session, [f for p, f in order[index:] if p == problem],
-                                    problem, budget.trials)
             current: StudyRun | None = study(index, baseline)
             while current is not None:
                 built: list[StudyRun] = []
@@ -239,8 +241,6 @@ def tune_all(
                     if session.stop.requested:
                         return
                     try:
-                        # its warm start first: the GPU measures it while the study is built
-                        _post_warm_start(session, order[index + 1][1], problem, budget.trials)
                         built.append(study(index + 1, baseline))
                     except Exception:  # noqa: BLE001  not this run's failure: built again below
                         log.debug("building the next study early failed", exc_info=True)
