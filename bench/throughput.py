@@ -243,12 +243,16 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     start = tuning_from
     for i, (begin, end) in enumerate(sorted(loops)):
         busy = _overlap(child_spans, start, end)
-        # (the first study's own: the opening's, answered in the one-time start, too)
+        # answers: those ending in it (the first study's: the opening's, answered in the
+        # one-time start, too); idle: the child's work inside it, a measurement that runs over
+        # its edge included (counted by where it ends, it made a study's tail read as idle
+        # while the GPU measured the next study's first posted candidate)
         mine = sorted((a, b) for a, b in child_spans if start <= b <= end or (i == 0 and b < start))
+        inside = sorted((max(a, start), min(b, end)) for a, b in child_spans if a < end and b > start)
         wall = end - start
-        head = (mine[0][0] - start) if mine else wall
-        tail = (end - mine[-1][1]) if mine else 0.0
-        mid = sum(max(0.0, a2 - b1) for (_, b1), (a2, _) in zip(mine, mine[1:]))
+        head = (inside[0][0] - start) if inside else wall
+        tail = (end - inside[-1][1]) if inside else 0.0
+        mid = sum(max(0.0, a2 - b1) for (_, b1), (a2, _) in zip(inside, inside[1:]))
         compiling = None if workers is None else cpu.mean_compiling(start, end, workers)
         rows.append({"family": families[i % len(families)] if families else "?", "wall_s": wall,
                      "set_up_s": begin - start,  # the main thread's, before the loop began

@@ -162,6 +162,24 @@ def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
     assert [r["startup_wait_s"] for r in rows] == pytest.approx([0.2, 0.3])
 
 
+def test_a_measurement_over_a_loops_end_is_not_idle_on_either_side():
+    """A measurement that began in one study's loop and ended after it (the next study's
+    candidate, posted ahead) is counted as an answer where it ends, and as work on both sides:
+    no tail idle for the study before, no head idle for the one after."""
+    throughput = bench_module("throughput")
+
+    class Cpu:
+        def mean(self, a, b):
+            return 0.5
+
+    spans = [(1.0, 2.0), (2.5, 3.0), (3.0, 3.4), (4.0, 5.0)]
+    rows = throughput.per_study(["naive", "smem"], [(0.9, 3.2), (3.6, 6.0)], spans, 0.0, Cpu())
+    assert [r["answers"] for r in rows] == [2, 2]
+    assert [r["idle_tail_s"] for r in rows] == pytest.approx([0.0, 1.0])
+    assert [r["idle_head_s"] for r in rows] == pytest.approx([1.0, 0.0])
+    assert [r["idle_mid_s"] for r in rows] == pytest.approx([0.5, 0.6])
+
+
 def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     out = tmp_path / "throughput.json"
     env = dict(os.environ, GEMMTUNE_GPU_BACKEND="tuner.testing")
