@@ -93,20 +93,20 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     return baseline
 
 
-def _post_warm_start(session: Session, family: Any, problem: Problem, trials: int) -> int:
+def _post_warm_start(session: Session, family: Any, problem: Problem, trials: int) -> None:
     """A study's warm start (the nearest tuned shapes' bests, the declared starting points: asked
     among its first whatever its search), handed to the GPU before that study is built, so that
     the GPU measures them while the main thread waits for its start-up and builds it
     (docs/measurement.md, "Shape changes", "Warm starts posted a study ahead"). Not where this
-    family was measured at this problem before: a resumed study skips its warm start. How many
-    were posted."""
+    family was measured at this problem before: a resumed study skips its warm start."""
     post = getattr(session.evaluator, "post_ahead", None)
     if post is None or not session.warm_start:
-        return 0
+        return
     bound = kernels.bind(family, problem.layout, problem.batch)
     same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
                                  session.evaluator.arch())
-    return 0 if same else post(bound, elsewhere[:trials])
+    if not same:
+        post(bound, elsewhere[:trials])
 
 
 def _post_warm_starts(session: Session, families: list[Any], problem: Problem,
