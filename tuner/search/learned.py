@@ -171,16 +171,9 @@ def bundled_examples(gpu: str) -> tuple[Example, ...]:
 
 def without_shape(examples: Sequence[Example], gpu: str, shape: str) -> tuple[Example, ...]:
     """``examples`` less the unit ``problem_held_out(gpu, shape)`` holds out, in their order:
-    ``examples_from_recordings`` with that unit held out, from the examples of none held out."""
-    shapes: dict[Problem, str] = {}  # (formatting each example's shape: 54,136 on the H200)
-
-    def shape_of(problem: Problem) -> str:
-        found = shapes.get(problem)
-        if found is None:
-            found = shapes[problem] = problem.shape
-        return found
-
-    return tuple(e for e in examples if e.gpu != gpu or shape_of(e.problem) != shape)
+    ``examples_from_recordings`` with that unit held out, from the examples of none held out
+    (by ``Example.unit``, formatted once per example and kept: the fits read it again)."""
+    return tuple(e for e in examples if e.gpu != gpu or e.unit[2] != shape)
 
 
 @lru_cache(maxsize=16)
