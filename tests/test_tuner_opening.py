@@ -354,27 +354,37 @@ def test_a_post_ahead_counts_what_went_to_the_gpu_not_a_compile_error(tmp_path):
 def test_the_opening_is_every_offered_familys_accepted_starting_points_in_study_order():
     """The first problem's studies, in the order they run, on this GPU: wgmma's starting
     points then naive's on a Hopper GPU; naive's alone where wgmma is not offered (Ampere);
-    no more of a family's than a study's trial budget."""
+    no more of a family's than a study's trial budget; then each space within that budget
+    whole."""
     from tuner.run.cli import parse_args
     from tuner.run.tune import opening as opening_of
 
     plan = opening_of(parse_args(["--kernel", "wgmma", "--kernel", "naive",
-                                  "--shape", "100x90x80", "--shape", "64x64x64"]))
+                                  "--shape", "100x90x80", "--shape", "64x64x64", "--trials", "60"]))
     assert plan.problem == Problem(100, 90, 80)
     wgmma = kernels.get_family("wgmma")
     hopper = plan.candidates("sm_90")
-    assert [f.name for f, _ in hopper] == ["wgmma"] * len(wgmma.starting_points) + ["naive"]
+    starting = len(wgmma.starting_points) + 1
+    assert [f.name for f, _ in hopper[:starting]] == ["wgmma"] * (starting - 1) + ["naive"]
     assert len(wgmma.starting_points) > 1
     assert all(wgmma.accepts(c, "sm_90") for f, c in hopper if f.name == "wgmma")
-    assert hopper[-1][1] == dict(NAIVE.starting_points[0])
-    assert [(f.name, c) for f, c in plan.candidates("sm_80")] == [
-        ("naive", dict(NAIVE.starting_points[0]))]
+    assert hopper[starting - 1][1] == dict(NAIVE.starting_points[0])
+    # then naive's whole space (60 configs, 48 accepted: within the 60 trials), each once
+    rest = [c for _, c in hopper[starting:]]
+    assert {f.name for f, _ in hopper[starting:]} == {"naive"}
+    assert sorted(map(sorted, [hopper[starting - 1][1]] + rest)) == sorted(
+        map(sorted, NAIVE.accepted_configs("sm_90")))
+    ampere = plan.candidates("sm_80")
+    assert ampere[0] == (ampere[0][0], dict(NAIVE.starting_points[0]))
+    assert len(ampere) == len(NAIVE.accepted_configs("sm_80"))
+    # a space larger than the trial budget: its starting points alone
+    fewer = opening_of(parse_args(["--kernel", "naive", "--shape", "100x90x80", "--trials", "59"]))
+    assert [c for _, c in fewer.candidates("sm_90")] == [dict(NAIVE.starting_points[0])]
     short = opening_of(parse_args(["--kernel", "wgmma", "--shape", "100x90x80", "--trials", "2"]))
     assert [c for _, c in short.candidates("sm_90")] == [dict(c) for c in wgmma.starting_points[:2]]
     # a transposed problem's programs: the study binds the family the same way
     nt = opening_of(parse_args(["--kernel", "naive", "--shape", "100x90x80:nt"]))
-    (family, _), = nt.candidates("sm_90")
-    assert kernels.bound_to(family) == ("nt", 1)
+    assert {kernels.bound_to(family) for family, _ in nt.candidates("sm_90")} == {("nt", 1)}
 
 
 def test_the_start_loads_only_this_gpu_models_recordings(tmp_path, monkeypatch):
@@ -397,3 +407,46 @@ def test_the_start_loads_only_this_gpu_models_recordings(tmp_path, monkeypatch):
     with evaluator:
         kill_pool(process)
         assert asked == [evaluator.info()["name"]]
+
+
+def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_path,
+                                                                           monkeypatch):
+    """Within the trial budget, the opening posts naive's whole space (48 accepted configs of
+    60); the study stops on patience before asking for them all and takes the rest of the
+    answers as trials: each accepted config stored once, measured once, none dropped."""
+    from tuner.run.cli import parse_args
+    from tuner.run.tune import start_command, tune
+    from tuner.search.study import StudyRun
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--trials", "80",
+                          "--patience", "2", "--sampler", "random", "--workers", "2",
+                          "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
+    accepted = NAIVE.accepted_configs("sm_90")
+    taken: list[dict[str, int]] = []
+    real = StudyRun._ask_for
+    monkeypatch.setattr(StudyRun, "_ask_for",
+                        lambda study, config: taken.append(config) or real(study, config))
+    evaluator, process = start_command(options)
+    with evaluator:
+        try:
+            deadline = time.monotonic() + 300
+            while evaluator._opening_left and time.monotonic() < deadline:
+                time.sleep(0.05)  # every compile done and posted: the opening holds them all
+            naive = kernels.bind(NAIVE, SMALL.layout, SMALL.batch)
+            assert sorted(map(sorted, evaluator.posted(naive, SMALL))) == sorted(map(sorted, accepted))
+            assert evaluator.posted(kernels.get_family("smem"), SMALL) == []
+            assert tune(options, evaluator, progress=False, preparer=process) == 0
+        finally:
+            kill_pool(process)
+        assert not evaluator._opened and evaluator.posted(naive, SMALL) == []
+    assert evaluator.phases.answers == evaluator.phases.trials == len(accepted)
+    database = db.open_database(url)
+    try:
+        (run,) = database.list_runs(family="naive")
+        measured = [t.params for t in database.trials(run.id) if t.state == "ok"]
+        assert sorted(map(sorted, measured)) == sorted(map(sorted, accepted))
+    finally:
+        database.close()
+    assert taken  # the study stopped with answers it had not asked for, and took them

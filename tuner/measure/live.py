@@ -723,6 +723,14 @@ class LiveEvaluator:
             posted += opened is not None and opened.request is not None  # (not a compile error)
         return posted
 
+    def posted(self, family: Any, problem: Problem) -> list[dict[str, int]]:
+        """The configs of ``family`` posted ahead for ``problem`` (the opening, ``post_ahead``)
+        that no ask has taken: measured, or being measured, for a study that has not asked for
+        them (``StudyRun._take_posted`` takes them before its run ends)."""
+        identity = program_id(family, {})[:-1]
+        return [dict(program[-1]) for program, posted_for in self._opened
+                if posted_for == problem and program[:-1] == identity]
+
     def posted_ahead(self) -> int:
         """Configs posted ahead of their studies (``post_ahead``, the opening) whose answers
         have not been read yet: about what the GPU has still to measure for studies not

@@ -146,10 +146,12 @@ def opening(options: Options, preparing: Any = None) -> Any:
     """What the GPU measures while the command still starts (``tuner.measure.live.Opening``):
     the declared starting points of every study of the first problem, in the order the
     studies run, those each family accepts on the GPU (no more per family than a study's trial
-    budget). Each study's warm start asks for them first, whatever the search, so the GPU
-    measures from its first second instead of after the first start-up, and through the
-    imports, the stores' opening and the first study's set-up (docs/measurement.md, "The
-    command's start and end"). Once the GPU is ready, ``preparing`` (the start-ups'
+    budget); then every accepted config of each family whose whole space is within that budget
+    (naive's 48, smem's 3), which its study takes whether it asks for them or not
+    (``StudyRun._take_posted``). Each study's warm start asks for the starting points first,
+    whatever the search, so the GPU measures from its first second instead of after the first
+    start-up, and through the imports, the stores' opening and the first study's set-up
+    (docs/measurement.md, "The command's start and end", "Small spaces in the opening"). Once the GPU is ready, ``preparing`` (the start-ups'
     processes) begins the prior's compiles of the first problem's first study that starts from
     the prior after its first (``preparer.compile_prior``). None where there is no study."""
     import kernels
@@ -162,14 +164,18 @@ def opening(options: Options, preparing: Any = None) -> Any:
     most = options.budget.trials
 
     def candidates(arch: str) -> list[tuple[Any, dict[str, int]]]:
+        offered = [kernels.bind(family, problem.layout, problem.batch)
+                   for family in options.families if family.offered_on(arch)]
         chosen: list[tuple[Any, dict[str, int]]] = []
-        for family in options.families:
-            if not family.offered_on(arch):
-                continue
-            bound = kernels.bind(family, problem.layout, problem.batch)
+        for family in offered:
             accepted = [dict(config) for config in family.starting_points
                         if not family.refusals(dict(config), arch)]
-            chosen += [(bound, config) for config in accepted[:most]]
+            chosen += [(family, config) for config in accepted[:most]]
+        for family in offered:  # then the small spaces whole: their studies take every answer
+            if family.space_size() <= most:
+                listed = [config for f, config in chosen if f.name == family.name]
+                chosen += [(family, dict(config)) for config in family.accepted_configs(arch)
+                           if dict(config) not in listed]
         return chosen
 
     def ready(evaluator: Any) -> None:

@@ -823,9 +823,7 @@ class StudyRun:
         while (len(self.submitted) < self.depth
                and (item := self._next_compiled(wait and not self.submitted)) is not None):
             self.pending.remove(item)
-            started_at = datetime.now(timezone.utc)
-            ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
-            self.submitted.append(_Submitted(item, ticket, started_at))
+            self._hand_over(item)
 
     def _next_compiled(self, wait: bool = True) -> _Pending | None:
         """The first window candidate whose compile is done, so a slow compile at the head does
@@ -943,6 +941,8 @@ class StudyRun:
         self.while_draining = while_draining
         with self.phases.loop():
             reason = self._search(deadline, bar)
+            if reason != "interrupted":
+                self._take_posted()
             self._discard_pending()  # never measured now: their compiles free the cores
             if self.submitted:
                 self._draining()
@@ -950,6 +950,43 @@ class StudyRun:
                 self._measure_next(submit_more=False)
             self._flush()  # everything measured is stored (and numbered) before the outcome
         return reason
+
+    def _take_posted(self) -> None:
+        """Record the answers posted ahead for this study that it did not ask for (the
+        opening posts a small space whole: naive's 48 configs at the command's start, while
+        the GPU would otherwise wait): measured already, they become trials, up to the trial
+        budget, instead of being dropped. Not with claims: each trial there is claimed first."""
+        posted = getattr(self.session.evaluator, "posted", None)
+        if posted is None or self.shared.claims:
+            return
+        answered = {config_key(config): config for config in posted(self.family, self.problem)}
+        for item in [item for item in self.pending if not item.alias and item.key in answered]:
+            self.pending.remove(item)  # asked, and its answer is there: no longer let go
+            self._hand_over(item)
+            del answered[item.key]
+        held = {item.key for item in self._held()}
+        for key, config in answered.items():
+            if key in self.known or key in held:
+                continue
+            if self.tally.measured + self._in_flight() >= self.budget.trials:
+                break
+            self._hand_over(_Pending(self._ask_for(config), config, key))
+
+    def _hand_over(self, item: _Pending) -> None:
+        started_at = datetime.now(timezone.utc)
+        ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
+        self.submitted.append(_Submitted(item, ticket, started_at))
+
+    def _ask_for(self, config: dict[str, int]) -> Trial:
+        """A trial of this config: enqueued, then asked for (a trial enqueued earlier and never
+        asked, a warm start's or a nudge's, comes first: told FAIL, never measured)."""
+        self.study.enqueue_trial(space.params_from_config(self.family, config),
+                                 user_attrs={"posted": True})
+        while True:
+            trial = self.study.ask(self.distributions)
+            if config_key(space.config_from_params(self.family, trial.params)) == config_key(config):
+                return trial
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def _discard_pending(self) -> None:
         """Let the evaluator drop the compiles of the window's candidates (asked, compiling,
