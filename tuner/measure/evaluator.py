@@ -64,6 +64,24 @@ class Baseline:
     sm_clock_mhz: float | None = None
 
 
+# How a GPU child times a candidate (tuner.measure.gpu): calls for about this much kernel time,
+# within these counts.
+TIMING_TARGET_S = 0.08
+MIN_REPS, MAX_REPS = 15, 400
+# A measurement's work besides its timed calls: warm-up, verification, loading (H100 at 2048³:
+# timing 102 ms for 80 ms of timed calls, verifying 4.5 ms; docs/measurement.md, "Current
+# figures").
+MEASUREMENT_OVERHEAD_S = 0.025
+
+
+def measurement_s(baseline: Baseline | None) -> float:
+    """About how long a GPU child takes to measure a good config at the baseline's shape (a
+    tuned shape's best, which runs near cuBLAS's time): timed for TIMING_TARGET_S or MIN_REPS
+    calls, whichever is longer, then verified."""
+    call_s = 0.0 if baseline is None else baseline.time_median_ms * 1e-3
+    return max(TIMING_TARGET_S, MIN_REPS * call_s) + MEASUREMENT_OVERHEAD_S
+
+
 class Evaluator(Protocol):
     def info(self) -> dict[str, Any]:
         """The GPU: the fields of ``db.GpuInfo``."""
