@@ -452,14 +452,17 @@ def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_p
     assert taken  # the study stopped with answers it had not asked for, and took them
 
 
-def test_a_warm_start_is_expected_to_take_its_timing_target_or_its_fewest_calls():
+def test_a_warm_start_is_expected_to_take_its_timing_target_or_its_fewest_or_most_calls():
     """What bounds the warm starts posted ahead: a good config's measurement, its timed calls
-    (TIMING_TARGET_S, or MIN_REPS of cuBLAS's time at a shape where that is longer) and the
+    (TIMING_TARGET_S of cuBLAS's time at the shape, within MIN_REPS and MAX_REPS calls) and the
     rest of the measurement."""
-    from tuner.measure.evaluator import (MEASUREMENT_OVERHEAD_S, MIN_REPS, TIMING_TARGET_S,
-                                         Baseline, measurement_s)
+    from tuner.measure.evaluator import (MAX_REPS, MEASUREMENT_OVERHEAD_S, MIN_REPS,
+                                         TIMING_TARGET_S, Baseline, measurement_s)
 
-    fast = Baseline("cublas", 0.05, 1.0)
-    slow = Baseline("cublas", 100.0, 1.0)
-    assert measurement_s(None) == measurement_s(fast) == TIMING_TARGET_S + MEASUREMENT_OVERHEAD_S
-    assert measurement_s(slow) == pytest.approx(MIN_REPS * 0.1 + MEASUREMENT_OVERHEAD_S)
+    def of(call_ms: float) -> float:
+        return measurement_s(Baseline("cublas", call_ms, 1.0)) - MEASUREMENT_OVERHEAD_S
+
+    assert of(1.0) == pytest.approx(TIMING_TARGET_S)  # 80 calls
+    assert of(0.04) == pytest.approx(MAX_REPS * 0.04e-3)  # 400 calls, 16 ms
+    assert of(100.0) == pytest.approx(MIN_REPS * 0.1)  # 15 calls, 1.5 s
+    assert measurement_s(None) == TIMING_TARGET_S + MEASUREMENT_OVERHEAD_S

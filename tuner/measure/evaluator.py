@@ -76,10 +76,13 @@ MEASUREMENT_OVERHEAD_S = 0.025
 
 def measurement_s(baseline: Baseline | None) -> float:
     """About how long a GPU child takes to measure a good config at the baseline's shape (a
-    tuned shape's best, which runs near cuBLAS's time): timed for TIMING_TARGET_S or MIN_REPS
-    calls, whichever is longer, then verified."""
-    call_s = 0.0 if baseline is None else baseline.time_median_ms * 1e-3
-    return max(TIMING_TARGET_S, MIN_REPS * call_s) + MEASUREMENT_OVERHEAD_S
+    tuned shape's best, which runs near cuBLAS's time): as many calls as make TIMING_TARGET_S,
+    within MIN_REPS and MAX_REPS (a 40-µs call is timed 400 times: 16 ms), then verified."""
+    if baseline is None or baseline.time_median_ms <= 0:
+        return TIMING_TARGET_S + MEASUREMENT_OVERHEAD_S
+    call_s = baseline.time_median_ms * 1e-3
+    reps = min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / call_s))
+    return reps * call_s + MEASUREMENT_OVERHEAD_S
 
 
 class Evaluator(Protocol):
