@@ -151,9 +151,10 @@ def opening(options: Options, preparing: Any = None) -> Any:
     (``StudyRun._take_posted``). Each study's warm start asks for the starting points first,
     whatever the search, so the GPU measures from its first second instead of after the first
     start-up, and through the imports, the stores' opening and the first study's set-up
-    (docs/measurement.md, "The command's start and end", "Small spaces in the opening"). Once the GPU is ready, ``preparing`` (the start-ups'
-    processes) begins the prior's compiles of the first problem's first study that starts from
-    the prior after its first (``preparer.compile_prior``). None where there is no study."""
+    (docs/measurement.md, "The command's start and end", "Small spaces in the opening"). Once
+    the GPU is ready, ``preparing`` (the start-ups' processes) begins the prior's compiles of
+    the first problem's first study that starts from the prior after its first
+    (``preparer.compile_prior``). None where there is no study."""
     import kernels
     from tuner.measure.live import Opening
     from tuner.search import preparer

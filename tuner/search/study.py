@@ -973,6 +973,7 @@ class StudyRun:
             self._hand_over(_Pending(self._ask_for(config), config, key))
 
     def _hand_over(self, item: _Pending) -> None:
+        """Hand a window candidate to the evaluator (its compile waited for, where not done)."""
         started_at = datetime.now(timezone.utc)
         ticket = submit(self.session.evaluator, self.family, item.config, self.problem)
         self.submitted.append(_Submitted(item, ticket, started_at))
