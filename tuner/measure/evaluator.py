@@ -64,27 +64,6 @@ class Baseline:
     sm_clock_mhz: float | None = None
 
 
-# How a GPU child times a candidate (tuner.measure.gpu): calls for about this much kernel time,
-# within these counts.
-TIMING_TARGET_S = 0.08
-MIN_REPS, MAX_REPS = 15, 400
-# A measurement's work besides its timed calls: warm-up, verification, loading (H100 at 2048³:
-# timing 102 ms for 80 ms of timed calls, verifying 4.5 ms; docs/measurement.md, "Current
-# figures").
-MEASUREMENT_OVERHEAD_S = 0.025
-
-
-def measurement_s(baseline: Baseline | None) -> float:
-    """About how long a GPU child takes to measure a good config at the baseline's shape (a
-    tuned shape's best, which runs near cuBLAS's time): as many calls as make TIMING_TARGET_S,
-    within MIN_REPS and MAX_REPS (a 40-µs call is timed 400 times: 16 ms), then verified."""
-    if baseline is None or baseline.time_median_ms <= 0:
-        return TIMING_TARGET_S + MEASUREMENT_OVERHEAD_S
-    call_s = baseline.time_median_ms * 1e-3
-    reps = min(MAX_REPS, max(MIN_REPS, TIMING_TARGET_S / call_s))
-    return reps * call_s + MEASUREMENT_OVERHEAD_S
-
-
 class Evaluator(Protocol):
     def info(self) -> dict[str, Any]:
         """The GPU: the fields of ``db.GpuInfo``."""

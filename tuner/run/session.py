@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 import kernels
-from tuner.measure.evaluator import Baseline, measurement_s
+from tuner.measure.evaluator import Baseline
 from tuner.measure.recording import bundled
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 # With a shared time budget, a study still gets this long even when earlier ones overran.
 MIN_STUDY_SECONDS = 5.0
-# Warm starts posted ahead of their studies: the next study's, then the later ones' while the
-# posted configs still unanswered are less than this much GPU work (``measurement_s`` each):
-# about the longest study set-up (naive's at a shape change, ~3 s on the H200, ~1 s of it
-# waiting for its start-up), and no more, so that a study's own asks do not queue far behind
-# them (docs/measurement.md, "Warm starts posted a study ahead", "Posted ahead by time").
-AHEAD_S = 3.0
+# Warm starts posted ahead of their studies: the next study's, then the later ones' while fewer
+# than this many posted configs are unanswered: GPU work while a study is built (its start-up,
+# storage and model view: 0.3-2 s with the GPU idle; a measurement takes ~0.1 s at the small
+# shapes), few enough that a study's own asks do not queue far behind them (docs/measurement.md,
+# "Warm starts posted a study ahead").
+AHEAD = 12
 
 
 @dataclass
@@ -110,15 +110,13 @@ def _post_warm_start(session: Session, family: Any, problem: Problem, trials: in
 
 
 def _post_warm_starts(session: Session, families: list[Any], problem: Problem,
-                      trials: int, baseline: Baseline | None) -> None:
+                      trials: int) -> None:
     """Before the first of ``families`` (the shape's studies still to be built, in order) is
-    built: its warm start, then the later ones' while the configs posted ahead and unanswered
-    are less than AHEAD_S of GPU work, so that the GPU measures them while the main thread
-    builds the study."""
+    built: its warm start, then the later ones' while fewer than AHEAD configs posted ahead are
+    unanswered, so that the GPU measures them while the main thread builds the study."""
     ahead = getattr(session.evaluator, "posted_ahead", None)
-    most = AHEAD_S / measurement_s(baseline)
     for i, family in enumerate(families):
-        if i and (ahead is None or ahead() >= most):
+        if i and (ahead is None or ahead() >= AHEAD):
             break
         _post_warm_start(session, family, problem, trials)
 
@@ -209,11 +207,11 @@ def tune_all(
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now; its
-            warm start (and the later studies', AHEAD_S) handed to the GPU first, which measures
+            warm start (and the later studies', AHEAD) handed to the GPU first, which measures
             them while the study is built."""
             problem, family = order[index]
             _post_warm_starts(session, [f for p, f in order[index:] if p == problem], problem,
-                              budget.trials, baseline)
+                              budget.trials)
             study_budget = budget
             if total_seconds is not None:
                 left = total_seconds - (time.monotonic() - started)
