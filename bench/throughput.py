@@ -223,6 +223,21 @@ def _overlap(spans: Sequence[tuple[float, float]], start: float, end: float) -> 
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
 
+def timeline(phases: Phases, families: list[str], began: float) -> dict[str, Any]:
+    """Where each second went, for reading one run closely (``--timeline``): the GPU child's
+    answers (start, end), each study loop (family, start, end) and the main thread's phases'
+    spans (nested phases inside their callers' spans; those of the command's own start are
+    not kept), in seconds from the command's start."""
+    def at(t: float) -> float:
+        return round(t - began, 4)
+
+    return {"child": [[at(a), at(b)] for a, b in sorted(phases.child_spans)],
+            "loops": [[families[i % len(families)], at(a), at(b)]
+                      for i, (a, b) in enumerate(phases.loops)],
+            "main": {name: [[at(a), at(b)] for a, b in spans]
+                     for name, spans in sorted(phases.spans.items())}}
+
+
 def per_study(families: list[str], loops: list[tuple[float, float]],
               child_spans: list[tuple[float, float]], tuning_from: float,
               cpu: CpuSampler, workers: int | None = None,
@@ -554,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standin-measure-s", type=float, default=0.0,
                         help="with the CPU stand-in backend: seconds per evaluation")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--timeline", type=Path, default=None, metavar="FILE",
+                        help="also write every GPU answer's and main-thread phase's (start, end) "
+                             "and each study loop's, in seconds from the command's start (JSON)")
     args = parser.parse_args(argv)
     if args.gpu is None:  # defaulted here: argparse takes an explicit 0 for the default
         args.gpu = 0
@@ -590,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
+        evaluator.phases.every_span = args.timeline is not None
         cpu.compiling = evaluator.pool.building
         if sampler is None:
             sampler = UtilizationSampler(evaluator.devices)
@@ -637,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         "exit_status": status, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
     print_report(result)
+    if args.timeline is not None:
+        args.timeline.parent.mkdir(parents=True, exist_ok=True)
+        args.timeline.write_text(json.dumps(timeline(phases, families, began)) + "\n")
+        print(f"wrote {args.timeline}")
     out = args.out or HERE / "results" / f"throughput-{gpu_slug(str(info.get('name')))}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -187,11 +187,20 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
         [sys.executable, str(ROOT / "bench" / "throughput.py"), "--family", "naive",
          "--shape", "64x48x32", "--timeout", "120", "--trials", "6", "--sampler", "random",
          "--standin-measure-s", str(MEASURE_S), "--cache", str(tmp_path / "cubins"),
-         "--out", str(out)],
+         "--out", str(out), "--timeline", str(tmp_path / "timeline.json")],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["trials"] == 6 and result["backend"] == "tuner.testing"
+    # the timeline: every answer, the loop, the main thread's phases, inside the command's wall
+    seen = json.loads((tmp_path / "timeline.json").read_text())
+    assert len(seen["child"]) == result["gpu_answers"]
+    ((family, loop_from, loop_to),) = seen["loops"]
+    assert family == "naive" and 0 < loop_from < loop_to <= result["wall_s"]
+    assert {"propose", "gpu_wait", "study_storage"} <= set(seen["main"])
+    assert len(seen["main"]["gpu_wait"]) == result["raw"]["counts"]["gpu_wait"]
+    spans = seen["child"] + [span for spans in seen["main"].values() for span in spans]
+    assert all(0 <= a <= b <= result["wall_s"] for a, b in spans)
     assert result["gpu_busy"]["nvml_share"] is None  # no NVML here: said so, not invented
     assert "not available" in result["gpu_busy"]["nvml_source"]
     assert result["gpu_busy"]["kernel_time_s"] > 0

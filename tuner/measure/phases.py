@@ -67,6 +67,7 @@ class Phases:
     answers: int = 0  # candidates the GPU child answered
     round_trip_s: float = 0.0  # from posting each of them to reading its answer, summed
     child_spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) each
+    every_span: bool = False  # keep every phase's spans, not only SPANNED's (a bench's timeline)
     _stack: list[list[float]] = field(default_factory=list)  # [start, nested seconds]
 
     @contextmanager
@@ -83,7 +84,7 @@ class Phases:
             self.add(name, total - frame[1])
             if self._stack:
                 self._stack[-1][1] += total
-            if name in SPANNED:
+            if name in SPANNED or self.every_span:
                 self.spans.setdefault(name, []).append((wall, time.monotonic()))
 
     def add(self, name: str, seconds: float, count: int = 1) -> None:
