@@ -67,7 +67,7 @@ class ProblemOut(BaseModel):
 
 
 TIMINGS_DOC = ("gflops and the times are the median of this many timings of the config (a shape's fastest "
-           "configs are timed again in shuffled rounds at the end of its tuning); 1: one timing.")
+               "configs are timed again in shuffled rounds at the end of its tuning); 1: one timing.")
 
 
 class BestConfig(BaseModel):

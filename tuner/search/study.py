@@ -968,7 +968,7 @@ class StudyRun:
         for key, config in answered.items():
             if key in self.known or key in held:
                 continue
-            if self.tally.measured + self._in_flight() >= self.budget.trials:
+            if self._budget_taken(0) >= self.budget.trials:  # (claims off: nobody else's)
                 break
             self._hand_over(_Pending(self._ask_for(config), config, key))
 
