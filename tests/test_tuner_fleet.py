@@ -396,20 +396,22 @@ def test_a_queued_retry_whose_config_another_worker_claimed_first_is_dropped(tmp
 
 
 @needs_pg
-def test_a_worker_killed_before_its_claims_first_heartbeat_leaves_a_retry(tmp_path,
-                                                                          monkeypatch):
-    """A claim and its first heartbeat are two writes. A worker killed between them (the
-    shared-study bench kills one as soon as it holds a claim) left a RUNNING trial with no
-    heartbeat, which Optuna never fails as stale: its config was held for good. A claim turns
-    RUNNING only once it has a heartbeat; killed before, it is a queued retry that another
-    worker measures (docs/fleet.md, "Claims and the constant liar")."""
+def test_a_claim_is_stored_running_with_its_heartbeat_or_not_at_all(tmp_path):
+    """A claim and its first heartbeat are one transaction. Written apart (a WAITING trial, its
+    heartbeat, then the turn to RUNNING), a worker killed between a RUNNING claim and its first
+    heartbeat left a trial Optuna never fails as stale: its config was held for good. Killed
+    inside the claim's transaction, the worker leaves no trial; killed after it, its claim
+    goes stale and another worker measures the config, once (docs/fleet.md, "Claims and the
+    constant liar")."""
+    from sqlalchemy import event, text
     from tuner.search import fleet
 
     class Killed(BaseException):
         """SIGKILL, as far as the claiming code can tell: nothing after it runs."""
 
-    def killed(trial_id: int) -> None:
-        raise Killed
+    def killed_at_the_heartbeat(conn, cursor, statement, *args):
+        if "INSERT INTO trial_heartbeats" in statement:
+            raise Killed
 
     contested = _accepted(FAMILY)[0]
     with _pg_fleet(tmp_path) as (database, storage):
@@ -417,18 +419,28 @@ def test_a_worker_killed_before_its_claims_first_heartbeat_leaves_a_retry(tmp_pa
         optuna.create_study(storage=storage, direction="maximize", study_name=name)
         shared = fleet.SharedStudy(storage, name, key_of=lambda t: tuple(sorted(t.params.items())),
                                    claims=True, stale_check_every_s=HEARTBEAT)
-        with monkeypatch.context() as patched:
-            patched.setattr(storage, "record_heartbeat", killed)
+        params = space.params_from_config(FAMILY, contested)
+        event.listen(storage.engine, "before_cursor_execute", killed_at_the_heartbeat)
+        try:
             with pytest.raises(Killed):
-                shared.claim(space.params_from_config(FAMILY, contested),
-                             space.distributions(FAMILY))
-        [left] = storage.get_all_trials(shared.study_id)
-        assert left.state == TrialState.WAITING, "a claim without a heartbeat is never stale"
+                shared.claim(params, space.distributions(FAMILY))
+        finally:
+            event.remove(storage.engine, "before_cursor_execute", killed_at_the_heartbeat)
+        assert storage.get_all_trials(shared.study_id) == [], "half a claim was left"
 
+        claim = shared.claim(params, space.distributions(FAMILY))  # then the worker dies
+        left = storage.get_trial(claim)
+        assert left.state == TrialState.RUNNING
+        assert left.system_attrs[fleet.WORKER_ATTR] == fleet.worker_id()
+        with storage.engine.connect() as conn:
+            beats = conn.execute(text("SELECT count(*) FROM trial_heartbeats WHERE trial_id = :t"),
+                                 {"t": claim}).scalar_one()
+        assert beats == 1, "a RUNNING claim without a heartbeat is never stale"
         outcome, measured = _run_fleet(database, storage, "GPU-fleet-killed", 5)
         assert outcome.stop_reason == "trial budget" and len(measured) == 5
         assert measured.count(contested) == 1, "the dead worker's candidate was measured"
-        assert storage.get_trial(left._trial_id).state == TrialState.COMPLETE
+        [failed] = [t for t in storage.get_all_trials(shared.study_id) if t._trial_id == claim]
+        assert failed.state == TrialState.FAIL, "the dead claim went stale"
 
 
 # A real recording and the default sampler: whether two workers search as one (issue 58, item 2).
@@ -482,42 +494,25 @@ def test_a_queued_retry_another_worker_took_and_finished_is_not_taken(tmp_path):
 
 
 @needs_pg
-def test_a_fresh_claim_taken_in_its_waiting_moment_names_its_taker(tmp_path, monkeypatch):
-    """A claim is stored WAITING and given its heartbeat before it turns RUNNING; another
-    worker's pull in that moment sees a queued retry and may take it. The claimer then backs
-    off, and the trial names its taker, who beats for it: bench/shared_study.py's kill phase
-    finds a victim's claims by that name (seen in CI: a claim taken this way was counted as the
-    victim's, then completed by the survivor)."""
+def test_a_queued_retry_taken_names_its_taker_who_beats_for_it(tmp_path, monkeypatch):
+    """A dead worker's retry still names the dead worker; its taker rewrites the name and keeps
+    the heartbeat: bench/shared_study.py's kill phase finds a victim's claims by that name (a
+    claim counted as the victim's, then completed by the survivor, was seen in CI)."""
     from tuner.search import fleet
-
-    def named(label: str) -> None:
-        monkeypatch.setattr(fleet, "worker_id", lambda pid=None: label)
 
     with _pg_fleet(tmp_path) as (_, storage):
         name = study_name(GPU, FAMILY, P)
-        claimer, taker = (fleet.SharedStudy(storage, name, claims=True,
-                                            key_of=lambda t: tuple(sorted(t.params.items())),
-                                            stale_check_every_s=HEARTBEAT) for _ in range(2))
-        turn = fleet.SharedStudy._turn_running
-        taken: list[int] = []
-
-        def taken_before_the_turn(self, trial_id):
-            if self is claimer:
-                named("taker:2")
-                taker.pull()
-                [waiting] = taker.waiting()
-                assert waiting.system_attrs[fleet.WORKER_ATTR] == "claimer:1"
-                assert taker.take_waiting(waiting)
-                taken.append(waiting._trial_id)
-            return turn(self, trial_id)
-
-        monkeypatch.setattr(fleet.SharedStudy, "_turn_running", taken_before_the_turn)
-        named("claimer:1")
+        monkeypatch.setattr(fleet, "worker_id", lambda pid=None: "taker:2")
+        taker = fleet.SharedStudy(storage, name, claims=True,
+                                  key_of=lambda t: tuple(sorted(t.params.items())),
+                                  stale_check_every_s=HEARTBEAT)
         params = space.params_from_config(FAMILY, _accepted(FAMILY)[0])
-        assert claimer.claim(params, space.distributions(FAMILY)) is None, "the claimer backs off"
-        [trial_id] = taken
-        trial = storage.get_trial(trial_id)
+        retry = _queue_retry(storage, taker.study_id, params, space.distributions(FAMILY))
+        taker.pull()
+        [waiting] = taker.waiting()
+        assert waiting._trial_id == retry
+        assert taker.take_waiting(waiting)
+        trial = storage.get_trial(retry)
         assert trial.state == TrialState.RUNNING
         assert trial.system_attrs[fleet.WORKER_ATTR] == "taker:2"
-        assert trial_id in taker.mine_running and trial_id in taker.own
-        assert trial_id not in claimer.mine_running and trial_id not in claimer.own
+        assert retry in taker.mine_running and retry in taker.own

@@ -32,6 +32,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tuner.problem import ConfigKey
+from tuner.search import trialrows
 
 log = logging.getLogger(__name__)
 
@@ -130,31 +131,29 @@ class SharedStudy:
 
     def add_finished(self, trial: FrozenTrial) -> int:
         """Store a finished trial in one transaction; returns its number in the storage."""
+        if trialrows.usable(self.storage):
+            trial_id, number = trialrows.insert_trial(self.storage, self.study_id, trial)
+            self.own.add(trial_id)
+            return number
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
         self.own.add(trial_id)
         return self.storage.get_trial_number_from_id(trial_id)
 
-    def claim(self, params: dict[str, int],
-              distributions: dict[str, BaseDistribution]) -> int | None:
-        """Register a candidate as RUNNING with a first heartbeat; returns its trial id (its
-        number is read when it is finished), or None where another worker took it first. It
-        is stored WAITING, given its heartbeat, then turned RUNNING: Optuna never fails a
-        RUNNING trial without a heartbeat as stale, so a worker killed between storing a
-        RUNNING claim and its first heartbeat left its config held for good (docs/fleet.md,
-        "Claims and the constant liar"). Killed before the turn, it leaves a WAITING trial: a
-        queued retry, as a stale claim's. The caller pulls next and asks ``claimed_before``:
-        two workers may claim one config at the same moment."""
-        template = create_trial(state=TrialState.WAITING, params=params,
+    def claim(self, params: dict[str, int], distributions: dict[str, BaseDistribution]) -> int:
+        """Register a candidate as RUNNING with its first heartbeat, in one transaction
+        (``trialrows.insert_trial``); returns its trial id. Optuna never fails a RUNNING trial
+        without a heartbeat as stale, so the two are written together: a worker killed at any
+        moment leaves no claim or one that goes stale (docs/fleet.md, "Claims and the constant
+        liar"). The caller pulls next and asks ``claimed_before``: two workers may claim one
+        config at the same moment."""
+        template = create_trial(state=TrialState.RUNNING, params=params,
                                 distributions=distributions,
                                 system_attrs={WORKER_ATTR: worker_id()})
-        trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
+        trial_id, _ = trialrows.insert_trial(self.storage, self.study_id, template,  # type: ignore[arg-type]
+                                             heartbeat=True)
         self.own.add(trial_id)
-        self._start_heartbeat(trial_id)
-        if not self._turn_running(trial_id):
-            self._stop_heartbeat(trial_id)
-            self.own.discard(trial_id)  # taken as a retry meanwhile: theirs, watched as such
-            self.others_open[trial_id] = self.storage.get_trial(trial_id)
-            return None
+        with self._lock:
+            self.mine_running.add(trial_id)
         return trial_id
 
     def _turn_running(self, trial_id: int) -> bool:
@@ -183,31 +182,24 @@ class SharedStudy:
         if not self._turn_running(trial._trial_id):
             self._stop_heartbeat(trial._trial_id)
             return False
-        # the trial still names the worker that queued it, or whose fresh claim this was: a
-        # claim is stored WAITING for a moment before its turn, and may be taken in that moment
+        # the trial still names the worker whose claim went stale: name its taker instead
         self.storage.set_trial_system_attr(trial._trial_id, WORKER_ATTR, worker_id())
         self.others_open.pop(trial._trial_id, None)
         self.own.add(trial._trial_id)
         return True
 
     def finish(self, trial_id: int, finished: FrozenTrial) -> int:
-        """Complete our claim with the in-memory trial's value and attributes; returns its
-        number. If a slow heartbeat let another worker fail the claim meanwhile, the result is
-        stored as a new trial instead (nothing measured is lost)."""
+        """Complete our claim with the in-memory trial's value and attributes, in one
+        transaction; returns its number. If a slow heartbeat let another worker fail the claim
+        meanwhile, the result is stored as a new trial instead (nothing measured is lost)."""
         self._stop_heartbeat(trial_id)
-        storage = self.storage
         try:
-            for name, value in finished.user_attrs.items():
-                storage.set_trial_user_attr(trial_id, name, value)
-            for name, value in finished.system_attrs.items():
-                storage.set_trial_system_attr(trial_id, name, value)
-            storage.set_trial_state_values(trial_id, TrialState.COMPLETE, finished.values)
+            return trialrows.complete_trial(self.storage, trial_id, finished)  # type: ignore[arg-type]
         except optuna.exceptions.UpdateFinishedTrialError:
             log.warning("claim %d was failed as stale while it was being measured (heartbeat "
                         "too slow for --stale-after?); storing the result as a new trial",
                         trial_id)
             return self.add_finished(finished)
-        return storage.get_trial_number_from_id(trial_id)
 
     def release(self, trial_id: int, *, requeue: bool) -> None:
         """Give up a claim that was never measured: back to WAITING (a retry someone else

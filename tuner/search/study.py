@@ -733,9 +733,6 @@ class StudyRun:
         if self.shared.claims:
             self._flush()  # the claim is written now, before measuring: after queued writes
             claim = self.shared.claim(trial.params, self.distributions)
-            if claim is None:  # another worker took it before it was ours: its result comes
-                self.study.tell(trial, state=TrialState.FAIL)
-                return False
             self._pull()
             if (key in self.known or self.shared.claimed_before(key, claim)
                     or self._budget_full_before(claim)):
