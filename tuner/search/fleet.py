@@ -152,8 +152,7 @@ class SharedStudy:
         trial_id, _ = trialrows.insert_trial(self.storage, self.study_id, template,  # type: ignore[arg-type]
                                              heartbeat=True)
         self.own.add(trial_id)
-        with self._lock:
-            self.mine_running.add(trial_id)
+        self._keep_alive(trial_id)
         return trial_id
 
     def _turn_running(self, trial_id: int) -> bool:
@@ -218,6 +217,10 @@ class SharedStudy:
 
     def _start_heartbeat(self, trial_id: int) -> None:
         self.storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        self._keep_alive(trial_id)
+
+    def _keep_alive(self, trial_id: int) -> None:
+        """Beat for this trial from now on (``beat``, the heartbeat thread)."""
         with self._lock:
             self.mine_running.add(trial_id)
 
