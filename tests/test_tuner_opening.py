@@ -15,7 +15,7 @@ from tuner.lifetime import kill_pool
 from tuner.measure.live import CompilePool, LiveEvaluator, Opening
 from tuner.measure.phases import SETUP
 from tuner.measure.testing import PLANTED_COMPILE_ERROR, PLANTED_OK, PlantedFamily
-from tuner.problem import Problem
+from tuner.problem import Problem, config_key
 
 PLANTED = PlantedFamily()
 SMALL = Problem(64, 48, 32)
@@ -451,3 +451,65 @@ def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_p
         database.close()
     assert taken  # the study stopped with answers it had not asked for, and took them
 
+
+
+
+@pytest.mark.parametrize("claims,gpu,name", [(False, None, "blocktile1d"),
+                                             (True, None, "blocktile1d"),
+                                             (False, "NVIDIA H200", "skinny")])
+def test_a_studys_first_asks_are_posted_before_it_is_built_and_asked_by_its_search(
+        tmp_path, monkeypatch, claims, gpu, name):
+    """Once a study's start-up is in hand and before the study is built, its first asks after
+    the warm start go to the GPU, as many as its first window holds beside the warm start: the
+    static prior's ranking (the stand-in has no recordings), or the model's first picks (the
+    stand-in named as the H200, whose bundled recordings of skinny it learns from). The search then asks
+    each of them itself (none is taken at the end as an answer nobody asked for), and every
+    config is measured once. With claims nothing more than the warm start is posted."""
+    from tuner.measure.testing import NAME_ENV
+    import optuna
+    import tuner.run.session as session_module
+    from tuner.search import space
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    if gpu is not None:
+        monkeypatch.setenv(NAME_ENV, gpu)
+    events: list[tuple[str, str, list[dict[str, int]]]] = []
+    real_post, real_run = LiveEvaluator.post_ahead, session_module.StudyRun
+
+    def post(evaluator: LiveEvaluator, family, configs) -> int:
+        configs = list(configs)
+        events.append(("post", family.name, configs))
+        return real_post(evaluator, family, configs)
+
+    def build(session, family, problem, *args, **kwargs):
+        events.append(("build", family.name, []))
+        return real_run(session, family, problem, *args, **kwargs)
+
+    monkeypatch.setattr(LiveEvaluator, "post_ahead", post)
+    monkeypatch.setattr(session_module, "StudyRun", build)
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    evaluator = _command(["--kernel", "smem", "--kernel", name, "--shape", "64x48x32",
+                          "--trials", "12", "--patience", "0", "--workers", "2",
+                          "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")]
+                         + (["--claim-trials"] if claims else []))
+    assert evaluator.phases.answers == evaluator.phases.trials
+    second = [(kind, configs) for kind, family, configs in events if family == name]
+    kinds = [kind for kind, _ in second]
+    # its warm start posted at the shape's start (AHEAD) and again, a no-op, as smem drains
+    assert kinds == ["post", "post"] + ([] if claims else ["post"]) + ["build"]
+    if claims:
+        return
+    warm, asks = second[0][1], second[-2][1]
+    assert len(asks) == evaluator.batch - len(warm) >= 1  # (the trial budget is larger)
+    assert not any(config in warm for config in asks)
+    storage = optuna.storages.RDBStorage(url)
+    (study,) = [s.study_name for s in optuna.get_all_study_summaries(storage)
+                if name in s.study_name]
+    family = kernels.get_family(name)
+    trials = {config_key(space.config_from_params(family, t.params, t.distributions)): t
+              for t in optuna.load_study(study_name=study, storage=storage).trials}
+    assert len(trials) == evaluator.phases.trials - 3  # each config once (smem's three aside)
+    for config in asks:
+        trial = trials[config_key(config)]
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        assert not trial.user_attrs.get("posted")  # asked by the search, not taken at its end

@@ -15,7 +15,7 @@ from tuner.problem import Problem
 from tuner.report import config_text, format_table
 from tuner.run.retime import refresh_bests, retime_shape
 from tuner.search.prefetch import StartupPrefetch
-from tuner.search.study import Budget, Session, StudyOutcome, StudyRun, ranks_prior
+from tuner.search.study import Budget, Session, Startup, StudyOutcome, StudyRun, ranks_prior
 from tuner.search.warmstart import warm_start
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,32 @@ def _post_warm_start(session: Session, family: Any, problem: Problem, trials: in
                                  session.evaluator.arch())
     if not same:
         post(bound, elsewhere[:trials])
+
+
+def _post_first_asks(session: Session, family: Any, problem: Problem, trials: int,
+                     startup: Startup | None) -> None:
+    """A study's first asks after its warm start (``Startup.first_asks``: the model's first
+    picks or the prior's ranking, from its start-up prepared ahead), handed to the GPU once the
+    start-up is in hand and before the study is built: the build (its storage, the model's
+    view, the sampler: 0.5-1.2 s at splitk and tf32x3) left the GPU idle at the boundaries
+    where the study before ended with few candidates in flight (docs/measurement.md, "First
+    asks posted ahead"). Only as many as the first window holds beside the warm start; not where
+    the study has measured this problem before (it resumes), nor with claims, where each ask is
+    claimed before it is measured."""
+    post = getattr(session.evaluator, "post_ahead", None)
+    if post is None or startup is None or not session.warm_start or session.claim_trials:
+        return
+    window = min(session.batch, trials)
+    asks = startup.first_asks(window)
+    if not asks:
+        return
+    bound = kernels.bind(family, problem.layout, problem.batch)
+    same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
+                                 session.evaluator.arch())
+    if same:
+        return
+    warm = elsewhere[:trials]
+    post(bound, [config for config in asks if config not in warm][:max(0, window - len(warm))])
 
 
 def _post_warm_starts(session: Session, families: list[Any], problem: Problem,
@@ -207,8 +233,8 @@ def tune_all(
 
         def study(index: int, baseline: Baseline | None) -> StudyRun:
             """The index-th study of ``order``, its time share taken from what is left now; its
-            warm start (and the later studies', AHEAD) handed to the GPU first, which measures
-            them while the study is built."""
+            warm start (and the later studies', AHEAD), then its first asks once its start-up is
+            in hand, handed to the GPU first, which measures them while the study is built."""
             problem, family = order[index]
             _post_warm_starts(session, [f for p, f in order[index:] if p == problem], problem,
                               budget.trials)
@@ -216,9 +242,10 @@ def tune_all(
             if total_seconds is not None:
                 left = total_seconds - (time.monotonic() - started)
                 study_budget = dataclasses.replace(budget, timeout_s=time_share(left, weight_of, index))
+            startup = prefetch.take(family, problem)
+            _post_first_asks(session, family, problem, budget.trials, startup)
             return StudyRun(session, family, problem, study_budget,
-                            None if baseline is None else baseline.gflops,
-                            prefetch.take(family, problem),
+                            None if baseline is None else baseline.gflops, startup,
                             place=f"{index + 1}/{len(order)}" if len(order) > 1 else "")
 
         index = 0

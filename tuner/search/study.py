@@ -35,8 +35,8 @@ from tuner.search import enumcache, prior, space
 from tuner.search.costmodel import Example, matrix
 from tuner.search.fleet import Changes, Heartbeat, SharedStudy, heartbeats_on
 from tuner.search.learned import (HYBRID_PICKS, MAX_EXAMPLES, LearnedSpace, PreparedFit, Unit,
-                                  examples_for_study, fit_key, learns_family, model_picks,
-                                  prepare_fit, space_rows)
+                                  examples_for_study, first_picks, fit_key, learns_family,
+                                  model_picks, prepare_fit, space_rows)
 from tuner.search.choices import LEARNING, PRIOR_SAMPLERS, RANKED_STARTUP
 from tuner.search.samplers import (CONSTRAINT, STARTUP_TRIALS, SearchSpace, make_sampler,
                                    resolve)
@@ -240,6 +240,19 @@ class Startup:
     # feature rows both read them (laying tf32x3's 94,500 configs out twice was a quarter of its
     # start-up); dropped before the start-up is handed over
     geometries: list[prior.Geometry] | None = field(default=None, repr=False, compare=False)
+
+    def first_asks(self, count: int) -> list[dict[str, int]]:
+        """The first ``count`` configs a study built on this start-up asks, before any answer
+        comes back (besides its warm start): the static prior's ranking where it was prepared
+        (the study then starts from it), else the model's first picks on the fit prepared ahead
+        (one ask in 1/EPSILON takes a uniform config instead); [] where neither was prepared."""
+        if self.accepted is None:
+            return []
+        if self.ranked is not None:
+            return self.ranked[:count]
+        if self.fitted is None or self.fitted.scores is None or self.features is None:
+            return []
+        return [self.accepted[row] for row in first_picks(self.features, self.fitted.scores, count)]
 
 
 def _startup_count(batch: int) -> int:
