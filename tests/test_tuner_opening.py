@@ -259,8 +259,9 @@ def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
         tmp_path, monkeypatch, ahead):
     """Before each study is built (at a shape's start, and while the study before drains): its
     warm start, then the later studies' while fewer than AHEAD posted configs are unanswered
-    (here all of them; with 0, none). A warm start is posted once. Every config measured once,
-    every posted answer taken by its study's ask."""
+    (here all of them; with 0, none). A warm start is looked up once and posted once (posted
+    again, nothing new goes to the GPU). Every config measured once, every posted answer taken
+    by its study's ask."""
     import tuner.run.session as session_module
 
     monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
@@ -277,8 +278,16 @@ def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
         events.append(("build", problem, family.name, 0))
         return real_run(session, family, problem, *args, **kwargs)
 
+    looked_up: list[tuple[str, Problem]] = []
+    real_warm_start = session_module.warm_start
+
+    def warm_start(database, gpu, family, problem, arch):
+        looked_up.append((family.name, problem))
+        return real_warm_start(database, gpu, family, problem, arch)
+
     monkeypatch.setattr(LiveEvaluator, "post_ahead", post)
     monkeypatch.setattr(session_module, "StudyRun", build)
+    monkeypatch.setattr(session_module, "warm_start", warm_start)
     url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
     evaluator = _command(["--kernel", "naive", "--kernel", "smem", "--kernel", "blocktile1d",
                           "--shape", "64x48x32", "--shape", "80x64x48", "--trials", "3",
@@ -298,6 +307,7 @@ def test_each_studys_warm_start_is_posted_before_it_is_built_and_measured_once(
         assert second == [naive, ("build", "naive", 0),
                           ("post", "smem", 1), ("build", "smem", 0),
                           ("post", "blocktile1d", 1), ("build", "blocktile1d", 0)]
+    assert len(looked_up) == len(set(looked_up)) == 6  # each study's warm start looked up once
 
 
 def test_a_post_ahead_leaves_a_compile_still_running_to_the_ask(tmp_path, monkeypatch):

@@ -93,58 +93,65 @@ def _measure_baseline(session: Session, problem: Problem) -> Baseline | None:
     return baseline
 
 
-def _post_warm_start(session: Session, family: Any, problem: Problem, trials: int) -> None:
-    """A study's warm start (the nearest tuned shapes' bests, the declared starting points: asked
-    among its first whatever its search), handed to the GPU before that study is built, so that
-    the GPU measures them while the main thread waits for its start-up and builds it
-    (docs/measurement.md, "Shape changes", "Warm starts posted a study ahead"). Not where this
-    family was measured at this problem before: a resumed study skips its warm start."""
-    post = getattr(session.evaluator, "post_ahead", None)
-    if post is None or not session.warm_start:
-        return
-    bound = kernels.bind(family, problem.layout, problem.batch)
-    same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
-                                 session.evaluator.arch())
-    if not same:
-        post(bound, elsewhere[:trials])
+class AheadPosts:
+    """What the command hands the GPU ahead of a study, so that it measures while the main
+    thread waits for the study's start-up and builds it: the study's warm start (the nearest
+    tuned shapes' bests, the declared starting points: asked among its first whatever its
+    search; docs/measurement.md, "Shape changes", "Warm starts posted a study ahead"), then,
+    once its start-up is in hand, its first asks (docs/measurement.md, "First asks posted
+    ahead"). Nothing where this family was measured at this problem before: the study resumes
+    and skips its warm start. A study's warm start is looked up once: the bests it reads, of
+    other problems and GPUs, do not change while this command runs the shape's studies before
+    it (looked up again at every boundary, the later studies' held the GPU ~0.1 s there; where
+    other workers measure the study meanwhile, what they measured first is posted for nothing)."""
 
+    def __init__(self, session: Session, trials: int) -> None:
+        self.session, self.trials = session, trials
+        post = getattr(session.evaluator, "post_ahead", None)
+        self.post = post if session.warm_start else None
+        self._warm: dict[tuple[str, Problem], list[dict[str, int]] | None] = {}
 
-def _post_first_asks(session: Session, family: Any, problem: Problem, trials: int,
-                     startup: Startup | None) -> None:
-    """A study's first asks after its warm start (``Startup.first_asks``: the model's first
-    picks or the prior's ranking, from its start-up prepared ahead), handed to the GPU once the
-    start-up is in hand and before the study is built: the build (its storage, the model's
-    view, the sampler: 0.5-1.2 s at splitk and tf32x3) left the GPU idle at the boundaries
-    where the study before ended with few candidates in flight (docs/measurement.md, "First
-    asks posted ahead"). Only as many as the first window holds beside the warm start; not where
-    the study has measured this problem before (it resumes), nor with claims, where each ask is
-    claimed before it is measured."""
-    post = getattr(session.evaluator, "post_ahead", None)
-    if post is None or startup is None or not session.warm_start or session.claim_trials:
-        return
-    window = min(session.batch, trials)
-    asks = startup.first_asks(window)
-    if not asks:
-        return
-    bound = kernels.bind(family, problem.layout, problem.batch)
-    same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
-                                 session.evaluator.arch())
-    if same:
-        return
-    warm = elsewhere[:trials]
-    post(bound, [config for config in asks if config not in warm][:max(0, window - len(warm))])
+    def _warm_start(self, bound: Any, problem: Problem) -> list[dict[str, int]] | None:
+        """The study's warm start, or None where it resumes."""
+        key = (bound.name, problem)
+        if key not in self._warm:
+            session = self.session
+            same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
+                                         session.evaluator.arch())
+            self._warm[key] = None if same else elsewhere[:self.trials]
+        return self._warm[key]
 
+    def warm_starts(self, families: list[Any], problem: Problem) -> None:
+        """Before the first of ``families`` (the shape's studies still to be built, in order)
+        is built: its warm start, then the later ones' while fewer than AHEAD configs posted
+        ahead are unanswered. Posted again, a warm start adds those compiled since."""
+        if self.post is None:
+            return
+        ahead = getattr(self.session.evaluator, "posted_ahead", None)
+        for i, family in enumerate(families):
+            if i and (ahead is None or ahead() >= AHEAD):
+                break
+            bound = kernels.bind(family, problem.layout, problem.batch)
+            warm = self._warm_start(bound, problem)
+            if warm is not None:
+                self.post(bound, warm)
 
-def _post_warm_starts(session: Session, families: list[Any], problem: Problem,
-                      trials: int) -> None:
-    """Before the first of ``families`` (the shape's studies still to be built, in order) is
-    built: its warm start, then the later ones' while fewer than AHEAD configs posted ahead are
-    unanswered, so that the GPU measures them while the main thread builds the study."""
-    ahead = getattr(session.evaluator, "posted_ahead", None)
-    for i, family in enumerate(families):
-        if i and (ahead is None or ahead() >= AHEAD):
-            break
-        _post_warm_start(session, family, problem, trials)
+    def first_asks(self, family: Any, problem: Problem, startup: Startup | None) -> None:
+        """The study's first asks after its warm start (``Startup.first_asks``: the prior's
+        ranking or the model's first picks), as many as its first window holds beside the warm
+        start: the build (its storage, the model's view, the sampler: 0.5-1.2 s at splitk and
+        tf32x3) left the GPU idle where the study before ended with few candidates in flight.
+        Not with claims, where each ask is claimed before it is measured."""
+        if self.post is None or startup is None or self.session.claim_trials:
+            return
+        window = min(self.session.batch, self.trials)
+        asks = startup.first_asks(window)
+        if not asks:
+            return
+        bound = kernels.bind(family, problem.layout, problem.batch)
+        warm = self._warm_start(bound, problem)
+        if warm is not None:
+            self.post(bound, [c for c in asks if c not in warm][:max(0, window - len(warm))])
 
 
 def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:
@@ -218,6 +225,7 @@ def tune_all(
     order = [(problem, family) for problem in problems for family in families]
     weight_of = [float(weights.get(problem, 0.0)) if weights else 1.0 for problem, _ in order]
     wanted = _prior_wanted(session, order) if session.prefetch_startup else None
+    posts = AheadPosts(session, budget.trials)
     with StartupPrefetch(session) as prefetch:
 
         def plan_shape(problem: Problem) -> None:
@@ -236,14 +244,13 @@ def tune_all(
             warm start (and the later studies', AHEAD), then its first asks once its start-up is
             in hand, handed to the GPU first, which measures them while the study is built."""
             problem, family = order[index]
-            _post_warm_starts(session, [f for p, f in order[index:] if p == problem], problem,
-                              budget.trials)
+            posts.warm_starts([f for p, f in order[index:] if p == problem], problem)
             study_budget = budget
             if total_seconds is not None:
                 left = total_seconds - (time.monotonic() - started)
                 study_budget = dataclasses.replace(budget, timeout_s=time_share(left, weight_of, index))
             startup = prefetch.take(family, problem)
-            _post_first_asks(session, family, problem, budget.trials, startup)
+            posts.first_asks(family, problem, startup)
             return StudyRun(session, family, problem, study_budget,
                             None if baseline is None else baseline.gflops, startup,
                             place=f"{index + 1}/{len(order)}" if len(order) > 1 else "")

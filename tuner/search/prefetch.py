@@ -97,24 +97,24 @@ def _bundled_less(path: str, gpu: str, shape: str) -> tuple[Example, ...]:
 def prepare(family_name: str, arch: str, problem: Problem, sampler: str, sm_count: int,
             batch: int, seed: int | None, prior_compiles: int, cache_dir: str | None,
             rank: bool, examples: list[Example] | ExamplesFile | None) -> Startup:
-    """``prepare_startup`` and the compiles of its study's first window begun
-    (``Startup.first_asks``, ``batch`` of them): where the model learns the family elsewhere
-    the prior's ranking is gone, and nothing else would compile them before the study asks
-    (docs/measurement.md, "Start-ups prepared ahead"; the prior's are mostly compiled by now)."""
+    """``prepare_startup`` and the compiles of the model's first picks begun
+    (``Startup.first_picks``, ``batch`` of them): with the prior's ranking gone where the model
+    learns the family elsewhere, nothing else would compile them before the study asks (where
+    it starts from the prior, whose ranking compiled its first asks, the model asks next)
+    (docs/measurement.md, "Start-ups prepared ahead")."""
     global _ahead
     if isinstance(examples, ExamplesFile):
         examples = examples.read()
     startup = prepare_startup(family_name, arch, problem, sampler, sm_count, batch, seed,
                               prior_compiles, cache_dir, rank, examples)
-    asks = startup.first_asks(batch)
-    if not asks:
+    if not startup.first_picks:
         return startup
     if _ahead is None:
         _ahead = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) // AHEAD_SHARE),
                                     thread_name_prefix="compile-ahead")
     family = kernels.bind(kernels.get_family(family_name), problem.layout, problem.batch)  # its layout's programs
     programs = set()
-    for config in asks:
+    for config in startup.first_picks:
         program = cubin_key(family, config, arch)
         if program not in programs:  # the picks' RASTER and SPLITK variants share a CUBIN
             programs.add(program)

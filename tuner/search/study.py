@@ -241,18 +241,18 @@ class Startup:
     # start-up); dropped before the start-up is handed over
     geometries: list[prior.Geometry] | None = field(default=None, repr=False, compare=False)
 
+    # the model's first ``batch`` picks on ``fitted`` (``learned.first_picks``), listed where
+    # the start-up is prepared: ranking splitk's 109,440 configs takes 0.1 s
+    first_picks: list[dict[str, int]] | None = None
+
     def first_asks(self, count: int) -> list[dict[str, int]]:
         """The first ``count`` configs a study built on this start-up asks, before any answer
         comes back (besides its warm start): the static prior's ranking where it was prepared
-        (the study then starts from it), else the model's first picks on the fit prepared ahead
-        (one ask in 1/EPSILON takes a uniform config instead); [] where neither was prepared."""
-        if self.accepted is None:
-            return []
+        (the study then starts from it), else the model's first picks (one ask in 1/EPSILON
+        takes a uniform config instead); [] where neither was prepared."""
         if self.ranked is not None:
             return self.ranked[:count]
-        if self.fitted is None or self.fitted.scores is None or self.features is None:
-            return []
-        return [self.accepted[row] for row in first_picks(self.features, self.fitted.scores, count)]
+        return (self.first_picks or [])[:count]
 
 
 def _startup_count(batch: int) -> int:
@@ -311,6 +311,9 @@ def prepare_startup(family_name: str, arch: str, problem: Problem, sampler: str,
                                           problem, target, examples)
             startup.fitted = prepare_fit(family.name, examples, startup.features,
                                          _seed_for(seed, 0))
+            if startup.fitted.scores is not None:
+                startup.first_picks = [startup.accepted[row] for row in
+                                       first_picks(startup.features, startup.fitted.scores, batch)]
     if rank and sampler in RANKED_STARTUP and startup.accepted is not None and sm_count >= 1:
         resources = ((usage or prior.compiled_usage(family, arch, cache_dir)) if prior_compiles
                      else None)
