@@ -14,7 +14,7 @@ import pytest
 from tuner.lifetime import kill_pool
 from tuner.measure.live import CompilePool, LiveEvaluator, Opening
 from tuner.measure.phases import SETUP
-from tuner.measure.testing import PLANTED_COMPILE_ERROR, PLANTED_OK, PlantedFamily
+from tuner.measure.testing import NAME_ENV, PLANTED_COMPILE_ERROR, PLANTED_OK, PlantedFamily
 from tuner.problem import Problem, config_key
 
 PLANTED = PlantedFamily()
@@ -462,8 +462,6 @@ def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_p
     assert taken  # the study stopped with answers it had not asked for, and took them
 
 
-
-
 @pytest.mark.parametrize("claims,gpu,name", [(False, None, "blocktile1d"),
                                              (True, None, "blocktile1d"),
                                              (False, "NVIDIA H200", "skinny")])
@@ -472,10 +470,9 @@ def test_a_studys_first_asks_are_posted_before_it_is_built_and_asked_by_its_sear
     """Once a study's start-up is in hand and before the study is built, its first asks after
     the warm start go to the GPU, as many as its first window holds beside the warm start: the
     static prior's ranking (the stand-in has no recordings), or the model's first picks (the
-    stand-in named as the H200, whose bundled recordings of skinny it learns from). The search then asks
-    each of them itself (none is taken at the end as an answer nobody asked for), and every
-    config is measured once. With claims nothing more than the warm start is posted."""
-    from tuner.measure.testing import NAME_ENV
+    stand-in named as the H200, whose bundled recordings of skinny it learns from). The search
+    then asks each of them itself (none is taken at the end as an answer nobody asked for), and
+    every config is measured once. With claims nothing more than the warm start is posted."""
     import optuna
     import tuner.run.session as session_module
     from tuner.search import space

@@ -248,8 +248,9 @@ class Startup:
     def first_asks(self, count: int) -> list[dict[str, int]]:
         """The first ``count`` configs a study built on this start-up asks, before any answer
         comes back (besides its warm start): the static prior's ranking where it was prepared
-        (the study then starts from it), else the model's first picks (one ask in 1/EPSILON
-        takes a uniform config instead); [] where neither was prepared."""
+        (the study then starts from it; the hybrid after its few model picks), else the model's
+        first picks (one ask in 1/EPSILON takes a uniform config instead); [] where neither was
+        prepared."""
         if self.ranked is not None:
             return self.ranked[:count]
         return (self.first_picks or [])[:count]
