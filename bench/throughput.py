@@ -338,13 +338,16 @@ def tuner_argv(args: argparse.Namespace, db_path: Path, cache: Path) -> list[str
 
 def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, float]],
                tuning_span: tuple[float, float], excluded: list[tuple[float, float]] = (),
-               gpus: int = 1) -> dict[str, Any]:  # type: ignore[assignment]
+               gpus: int = 1, per_shape: int = 0) -> dict[str, Any]:  # type: ignore[assignment]
     """When the GPU child had no candidate to work on, from its answers' (start, end) spans,
     within the tuning span (the one-time ``excluded`` spans left out): before its first answer
     (the first study's set-up and first compiles), after its last (the last study's end, the
     command's shut-down), and each gap between two answers, charged to ``between_studies``
     where a study's loop ended inside it (the next study's set-up, first asks and compiles),
-    else to ``in_studies`` (compile waits, asks, stores that let the queue run dry)."""
+    else to ``in_studies`` (compile waits, asks, stores that let the queue run dry). With
+    ``per_shape`` (studies a shape, in order), ``at_shape_changes`` is the part of
+    ``between_studies`` where a shape's last loop ended (the old shape's re-timing, the new
+    one's inputs, reference, baseline and first study); the rest is inside shapes."""
     wall_from, wall_to = tuning_span
     # the opening's answers may come before the tuning span (during the one-time start)
     spans = sorted((max(a, wall_from), b) for a, b in child_spans if b > wall_from)
@@ -354,15 +357,18 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
         return max(0.0, (b - a) - cut)
 
     idle = {"before_first_s": length(wall_from, spans[0][0]) if spans else 0.0,
-            "between_studies_s": 0.0, "in_studies_s": 0.0,
+            "between_studies_s": 0.0, "at_shape_changes_s": 0.0, "in_studies_s": 0.0,
             "after_last_s": length(spans[-1][1], wall_to) if spans else 0.0}
+    last_of_shape = {i for i in range(len(loops) - 1) if per_shape and (i + 1) % per_shape == 0}
     long_gaps = 0
     for (_, a), (b, _) in zip(spans, spans[1:]):
         if b <= a:
             continue
-        boundary = any(a <= end <= b for _, end in loops)
-        idle["between_studies_s" if boundary else "in_studies_s"] += length(a, b)
-        long_gaps += not boundary and b - a > 0.05
+        ended = [i for i, (_, end) in enumerate(loops) if a <= end <= b]
+        idle["between_studies_s" if ended else "in_studies_s"] += length(a, b)
+        if last_of_shape.intersection(ended):
+            idle["at_shape_changes_s"] += length(a, b)
+        long_gaps += not ended and b - a > 0.05
     wall = length(wall_from, wall_to)
     busy = sum(b - a for a, b in spans)
     return {"child_busy_share": busy / (wall * gpus) if wall > 0 else 0.0, **idle,
@@ -414,10 +420,10 @@ def after_first(phases: Phases, sampler: UtilizationSampler, command_span: tuple
 
 
 def report(phases: Phases, *, wall_s: float, start_s: float, sampler: UtilizationSampler,
-           tuning_span: tuple[float, float], gpus: int = 1) -> dict[str, Any]:
+           tuning_span: tuple[float, float], gpus: int = 1, per_shape: int = 0) -> dict[str, Any]:
     """The numbers printed and stored: everything per the tuning wall time (start excluded;
     the kernel time counts the opening's, measured in the start, too); the GPU's busy shares
-    per GPU of ``gpus``."""
+    per GPU of ``gpus``; ``per_shape``: studies a shape (``child_idle``)."""
     tuning_s = wall_s - start_s
     trials = max(1, phases.trials)
     rows: dict[str, dict[str, float]] = {}
@@ -459,7 +465,7 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
             "nvml_source": sampler.source, "nvml_samples": len(sampler.samples),
         },
         "child_idle": child_idle(phases.child_spans, phases.loops, tuning_span, setup_spans,
-                                 gpus),
+                                 gpus, per_shape),
         "gpus": gpus,
         "raw": phases.as_dict(),
     }
@@ -509,7 +515,9 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"GPU child at work / tuning wall{per}: {idle['child_busy_share']:.1%}; "
           + ("all idle " if per else "idle ") +
           f"{idle['before_first_s']:.2f} s before the first answer, "
-          f"{idle['between_studies_s']:.2f} s between the {idle['studies']} studies, "
+          f"{idle['between_studies_s']:.2f} s between the {idle['studies']} studies"
+          + (f" ({idle['at_shape_changes_s']:.2f} s of it at the shape changes), "
+             if idle.get("at_shape_changes_s") else ", ") +
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
           f"{idle['after_last_s']:.2f} s after its last")
@@ -632,10 +640,10 @@ def main(argv: list[str] | None = None) -> int:
     phases = evaluator.phases
     start_s = child_start_s + phases.seconds.get(SETUP, 0.0)
     gpus = len(evaluator.devices)
-    result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
-                    tuning_span=tuning_span, gpus=gpus)
-    result["after_first"] = after_first(phases, sampler, (began, tuning_span[1]), gpus)
     families = [f.name for f in options.families if f.offered_on(arch)]
+    result = report(phases, wall_s=wall_s, start_s=start_s, sampler=sampler,
+                    tuning_span=tuning_span, gpus=gpus, per_shape=len(families))
+    result["after_first"] = after_first(phases, sampler, (began, tuning_span[1]), gpus)
     if gpus == 1:  # (with several, a gap of one GPU is not the host's)
         result["longest_gaps"] = longest_gaps(phases.child_spans, phases.loops, families,
                                               began, tuning_span[1])

@@ -114,6 +114,20 @@ def test_child_idle_charges_each_gap_to_a_study_boundary_or_to_a_study():
     assert idle["child_busy_share"] == pytest.approx(3.49 / 6.5)
 
 
+def test_child_idle_tells_the_shape_changes_from_the_boundaries_inside_a_shape():
+    """Two shapes of two studies: the gap where the first shape's last loop ends is a shape
+    change, the one where a shape's first loop ends is inside the shape; both are between
+    studies. The last loop's end is no change."""
+    throughput = bench_module("throughput")
+    spans = [(0.0, 1.0), (1.2, 2.0), (2.5, 3.0), (3.1, 4.0), (4.2, 5.0)]
+    loops = [(0.0, 1.1), (1.1, 2.2), (2.2, 3.05), (3.05, 4.9)]
+    idle = throughput.child_idle(spans, loops, (0.0, 5.0), per_shape=2)
+    assert idle["between_studies_s"] == pytest.approx(0.2 + 0.5 + 0.1)  # loops 0, 1, 2 end
+    assert idle["at_shape_changes_s"] == pytest.approx(0.5)  # 2.0-2.5: loop 1, shape 1's last
+    assert idle["in_studies_s"] == pytest.approx(0.2)  # 4.0-4.2
+    assert throughput.child_idle(spans, loops, (0.0, 5.0))["at_shape_changes_s"] == 0.0
+
+
 def test_the_longest_gaps_say_when_and_where_the_gpu_child_waited():
     throughput = bench_module("throughput")
     spans = [(1.0, 2.0), (2.5, 3.0), (4.0, 5.0), (5.01, 6.0)]
