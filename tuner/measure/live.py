@@ -263,10 +263,15 @@ def _compile_job(family_ref: Any, config: dict[str, int], arch: str, cache_dir: 
     return _Compiled(compiled.cubin, dict(compiled.resources), compiled.seconds)
 
 
+def family_id(family: Any) -> tuple:
+    """A family as it builds programs: its name and source, and the layout and batch it is
+    bound to (one command tunes several layouts of a family: their programs differ)."""
+    return (family.name, family.source_hash, *kernels.bound_to(family))
+
+
 def program_id(family: Any, config: Mapping[str, int]) -> tuple:
-    """A config's program, cheaply: its family's source, the layout and batch it is bound to
-    (one command tunes several layouts of a family: their programs differ) and the config."""
-    return (family.name, family.source_hash, *kernels.bound_to(family), config_key(config))
+    """A config's program, cheaply: ``family_id`` and the config."""
+    return (*family_id(family), config_key(config))
 
 
 def _family_ref(family: Any) -> Any:
@@ -727,7 +732,7 @@ class LiveEvaluator:
         """The configs of ``family`` posted ahead for ``problem`` (the opening, ``post_ahead``)
         that no ask has taken: measured, or being measured, for a study that has not asked for
         them (``StudyRun._take_posted`` takes them before its run ends)."""
-        identity = program_id(family, {})[:-1]
+        identity = family_id(family)
         return [dict(program[-1]) for program, posted_for in self._opened
                 if posted_for == problem and program[:-1] == identity]
 

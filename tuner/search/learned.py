@@ -30,9 +30,9 @@ import logging
 import operator
 import os
 import random
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections import Counter
 from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, Callable, Mapping, Sequence

@@ -22,9 +22,9 @@ import pickle
 import shutil
 import tempfile
 from functools import lru_cache
+from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections import deque
 from typing import Any, Callable, Iterable, NamedTuple
 
 import kernels
