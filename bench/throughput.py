@@ -223,6 +223,12 @@ def _overlap(spans: Sequence[tuple[float, float]], start: float, end: float) -> 
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
 
+def loop_family(families: list[str], i: int) -> str:
+    """The family of the i-th study loop: the studies run family after family, shape after
+    shape ("?" where no family is known)."""
+    return families[i % len(families)] if families else "?"
+
+
 def timeline(phases: Phases, families: list[str], began: float) -> dict[str, Any]:
     """Where each second went, for reading one run closely (``--timeline``): the GPU child's
     answers (start, end), each study loop (family, start, end) and the main thread's phases'
@@ -232,7 +238,7 @@ def timeline(phases: Phases, families: list[str], began: float) -> dict[str, Any
         return round(t - began, 4)
 
     return {"child": [[at(a), at(b)] for a, b in sorted(phases.child_spans)],
-            "loops": [[families[i % len(families)], at(a), at(b)]
+            "loops": [[loop_family(families, i), at(a), at(b)]
                       for i, (a, b) in enumerate(phases.loops)],
             "main": {name: [[at(a), at(b)] for a, b in spans]
                      for name, spans in sorted(phases.spans.items())}}
@@ -245,7 +251,7 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
     """Per study, from the end of the one before (its set-up included) to the end of its loop:
     wall time, how much of it went before the loop began (the start-up taken or computed, the
     study opened), answers of the GPU child, the child's busy share and the host's CPU share. The
-    studies run family after family, shape after shape, so loop i is families[i % len].
+    studies run family after family, shape after shape (``loop_family``).
 
     The child's idle time in it, by where it falls: ``idle_head_s`` before the study's first
     answer began (the set-up, the first asks and compiles), ``idle_tail_s`` after its last
@@ -262,16 +268,16 @@ def per_study(families: list[str], loops: list[tuple[float, float]],
         # one-time start, too); idle: the child's work inside it, a measurement that runs over
         # its edge included (counted by where it ends, it made a study's tail read as idle
         # while the GPU measured the next study's first posted candidate)
-        mine = sorted((a, b) for a, b in child_spans if start <= b <= end or (i == 0 and b < start))
+        answers = sum(start <= b <= end or (i == 0 and b < start) for _, b in child_spans)
         inside = sorted((max(a, start), min(b, end)) for a, b in child_spans if a < end and b > start)
         wall = end - start
         head = (inside[0][0] - start) if inside else wall
         tail = (end - inside[-1][1]) if inside else 0.0
         mid = sum(max(0.0, a2 - b1) for (_, b1), (a2, _) in zip(inside, inside[1:]))
         compiling = None if workers is None else cpu.mean_compiling(start, end, workers)
-        rows.append({"family": families[i % len(families)] if families else "?", "wall_s": wall,
+        rows.append({"family": loop_family(families, i), "wall_s": wall,
                      "set_up_s": begin - start,  # the main thread's, before the loop began
-                     "answers": len(mine),
+                     "answers": answers,
                      "child_busy_share": busy / (wall * gpus) if wall > 0 else 0.0,
                      "host_cpu_share": cpu.mean(start, end),
                      "idle_head_s": max(0.0, head), "idle_mid_s": mid,
@@ -389,7 +395,7 @@ def longest_gaps(child_spans: list[tuple[float, float]], loops: list[tuple[float
 
     def where(t: float) -> str:
         for i, (a, b) in enumerate(ordered):
-            name = families[i % len(families)] if families else "?"
+            name = loop_family(families, i)
             if a <= t <= b:
                 return f"in {name}'s loop"
             if t < a:

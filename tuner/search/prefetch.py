@@ -21,10 +21,10 @@ import os
 import pickle
 import shutil
 import tempfile
-from functools import lru_cache
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import lru_cache
 from typing import Any, Callable, Iterable, NamedTuple
 
 import kernels
