@@ -451,6 +451,14 @@ def test_the_model_samplers_ask_does_not_walk_every_accepted_config(monkeypatch)
     assert keys < 12 * 30, keys  # the trials', not 2,000 per ask
 
 
+def _fit_thread_idle() -> None:
+    """Wait for the fit thread's queue to empty: a refit an earlier test left running would
+    otherwise call this test's patched fit (one thread serves every study of the process)."""
+    from tuner.search import learned as learned_module
+
+    learned_module._fit_thread().submit(lambda: None).result(timeout=60)
+
+
 def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypatch):
     """With an asynchronous evaluator (the GPU measures while the study asks) the model's
     refits after the first run on a thread: the asks go on with the scores they have, and take
@@ -459,6 +467,7 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
 
     from tuner.search import costmodel
 
+    _fit_thread_idle()
     study, distributions = _vectorized_model_study(background=True)
     sampler = study.sampler
     gate, fitted_on = threading.Event(), []
@@ -481,6 +490,48 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
     sampler._fitting.result(timeout=20)
     study.tell(study.ask(distributions), 1.0)
     assert sampler.fits >= 2  # its scores taken at the next ask
+
+
+def test_a_live_study_is_told_to_hold_its_asks_while_its_first_fit_runs_on_a_thread(monkeypatch):
+    """The first fit of a study's own measurements (after the static prior's start-up, no scores
+    yet) would hold the main thread with the GPU idle: ``holds_asks`` begins it on the fit
+    thread and says to ask nothing until it is done; the next ask then takes its scores without
+    fitting on the caller. A replay's sampler (not in the background) never holds."""
+    import threading
+
+    from tuner.search import costmodel
+    from tuner.search import learned as learned_module
+
+    _fit_thread_idle()
+    study, distributions = _vectorized_model_study(background=True)
+    sampler = study.sampler
+    gate, started, fitted_on = threading.Event(), threading.Event(), []
+    real = costmodel.CostModel.fit
+
+    def held(model):
+        fitted_on.append(threading.current_thread().name)
+        started.set()
+        gate.wait(timeout=20)
+        return real(model)
+
+    monkeypatch.setattr(costmodel.CostModel, "fit", held)
+    for number in range(learned_module.STARTUP_TRIALS):
+        assert not sampler.holds_asks(study)  # the start-up's picks: no fit needed
+        study.tell(study.ask(distributions), float(number + 1))
+    assert sampler.holds_asks(study) and sampler.holds_asks(study)  # begun once, still running
+    assert started.wait(timeout=20)
+    assert len(fitted_on) == 1 and fitted_on[0].startswith("costmodel-fit")
+    assert sampler.scores is None and sampler.fits == 0
+    gate.set()
+    sampler._fitting.result(timeout=20)
+    assert not sampler.holds_asks(study)
+    study.tell(study.ask(distributions), 1.0)
+    assert sampler.fits == 1 and len(fitted_on) == 1  # its scores, taken at the ask
+
+    replayed, distributions = _vectorized_model_study(background=False)
+    for number in range(learned_module.STARTUP_TRIALS + 2):
+        assert not replayed.sampler.holds_asks(replayed)
+        replayed.tell(replayed.ask(distributions), float(number + 1))
 
 
 def _background_refits(asks: int) -> int:

@@ -469,6 +469,54 @@ def test_a_live_run_learns_each_family_the_bundled_recordings_of_its_gpu_model_h
     assert not learns(ReplayEvaluator.open(BUNDLED_RECORDINGS / "h100-tf32x3-3000x3000x3000.json.gz"))
 
 
+def test_a_live_model_study_measures_its_window_while_its_first_fit_runs(store, monkeypatch):
+    """Where the evaluator measures while the study goes on (a GPU child), the first fit of the
+    study's own measurements (after the static prior's start-up; the stand-in has no examples)
+    runs on the fit thread, and the study hands the evaluator its window meanwhile: answers are
+    collected while that fit runs, instead of after it with the GPU idle. Every config is
+    measured once, and the budget is measured."""
+    import functools
+    import threading
+    import time
+    from dataclasses import dataclass
+
+    from tuner.search import costmodel
+
+    fitting, during, fitted_on = threading.Event(), [], []
+
+    @dataclass
+    class Measuring(StandInEvaluator):  # measures while its caller goes on, as a GPU child does
+        def submit(self, family, config, problem):
+            return functools.partial(self.evaluate, family, config, problem)
+
+        def collect(self, ticket):
+            if fitting.is_set():
+                during.append(threading.current_thread().name)
+            return ticket()
+
+    real = costmodel.CostModel.fit
+
+    def fit(model):  # the first fit lasts until three answers came meanwhile (or 20 s)
+        fitted_on.append(threading.current_thread().name)
+        fitting.set()
+        deadline = time.monotonic() + 20
+        while len(during) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fitting.clear()
+        return real(model)
+
+    monkeypatch.setattr(costmodel.CostModel, "fit", fit)
+    evaluator = Measuring()
+    outcome = run_study(session_for(store, evaluator, sampler="model", seed=3,
+                                    batch=8),
+                        kernels.get_family("vectorized"), Problem(1536, 1792, 2048),
+                        Budget(trials=20, timeout_s=None, patience=None))
+    assert fitted_on and fitted_on[0].startswith("costmodel-fit")
+    assert len(during) >= 3 and set(during) == {threading.current_thread().name}
+    keys = [config_key(config) for _, config, _ in evaluator.calls]
+    assert len(keys) == len(set(keys)) == outcome.measured == 20
+
+
 def test_a_model_study_offers_its_foreseen_asks_for_compiling_ahead_and_asks_the_same(tmp_path):
     """Where the evaluator compiles ahead (a live one), a study run by the model offers it,
     after each fit, the configs its sampler foresees asking next (ModelSampler.upcoming), none

@@ -562,13 +562,29 @@ class ModelSampler(optuna.samplers.BaseSampler):
             self._refit([])
         return self.upcoming(study, count)
 
+    def holds_asks(self, study: Study) -> bool:
+        """Whether the study should ask nothing for now: its next ask would wait for the first
+        fit of its own measurements (the static prior's start-up measured, no scores yet), which
+        this begins on the fit thread where not begun. Meanwhile the study hands the GPU what has
+        compiled, instead of fitting on its main thread with the GPU idle (docs/measurement.md,
+        "The first fit off the main thread"). Background samplers only: a replay asks as before."""
+        if not self.background or self.scores is not None:
+            return False
+        if self._fitting is None:
+            _, _, measured = self._state(study, self.names, None)
+            if (self.offline.rows == 0 or self.startup) and len(measured) < STARTUP_TRIALS:
+                return False  # the start-up's picks need no fit
+            self._refit(measured, first_too=True)
+        return self._fitting is not None and not self._fitting.done()
+
     def _params(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         return {n: int(self.learned.configs[index][n]) for n in names}
 
-    def _refit(self, measured: Sequence[FrozenTrial]) -> None:
+    def _refit(self, measured: Sequence[FrozenTrial], first_too: bool = False) -> None:
         """Fit offline + own rows when the own ones grew enough since the last fit (in the
-        background, one at a time, where so constructed and a fit's scores exist already)."""
-        if self._fitting is not None and self._fitting.done():
+        background, one at a time, where so constructed and a fit's scores exist already, or
+        ``first_too``). An ask without scores waits for a fit in the background."""
+        if self._fitting is not None and (self._fitting.done() or self.scores is None):
             self.scores, self._fitting = self._fitting.result(), None
             self.fits += 1
         count = len(measured)
@@ -601,7 +617,7 @@ class ModelSampler(optuna.samplers.BaseSampler):
                 return
             predict = lambda: model.fit().predict(x)
         self.fitted_on = count
-        if self.background and self.scores is not None:
+        if self.background and (self.scores is not None or first_too):
             self._fitting = _fit_thread().submit(predict)
             return
         self.scores = predict()

@@ -771,11 +771,15 @@ class StudyRun:
             self._pull()
         if self.shared.claims:
             self._take_retries()
+        holds_asks = getattr(self.study.sampler, "holds_asks", None)
         while (
             self._room()
             and self.fruitless < MAX_FRUITLESS_ASKS
             and not self._covered()
         ):
+            if holds_asks is not None and (self.pending or self.submitted) \
+                    and holds_asks(self.study):
+                break  # its first fit runs on a thread: the GPU measures what is in flight
             if self._ask():
                 self.fruitless = 0
                 if len(self.submitted) < self.depth:
