@@ -520,3 +520,72 @@ def test_a_studys_first_asks_are_posted_before_it_is_built_and_asked_by_its_sear
         trial = trials[config_key(config)]
         assert trial.state == optuna.trial.TrialState.COMPLETE
         assert not trial.user_attrs.get("posted")  # asked by the search, not taken at its end
+
+
+def test_while_a_study_waits_for_compiles_a_later_studys_compiled_first_asks_are_measured(
+        tmp_path, monkeypatch):
+    """When a study waits for a compile with none of its candidates on the GPU, the shape's
+    later studies' first configs whose compiles are done go to the GPU (no more than it takes
+    at once, none while an earlier post is unanswered, and nothing compiled for them): each
+    posted before its own study is built, asked by that study, measured once."""
+    import optuna
+    import tuner.run.session as session_module
+    from tuner.search import space
+    from tuner.search.prefetch import StartupPrefetch
+
+    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
+    monkeypatch.setenv(NAME_ENV, "NVIDIA H200")  # skinny's first asks: the model's, compiled ahead
+    events: list[tuple[str, str, int]] = []
+    real_post, real_run = LiveEvaluator.post_compiled, session_module.StudyRun
+    real_peek = StartupPrefetch.peek
+
+    def post(evaluator: LiveEvaluator, family, configs, limit) -> int:
+        building = evaluator.pool.building()[0]
+        unanswered = evaluator.posted_ahead()
+        posted = real_post(evaluator, family, configs, limit)
+        assert unanswered == 0 and posted <= limit == evaluator.tickets
+        assert evaluator.pool.building()[0] == building  # nothing compiled for them
+        events.append(("post", family.name, posted))
+        return posted
+
+    def ready_peek(prefetch, family, problem):
+        """As on a host with cores to spare: the start-up prepared, its first asks compiled
+        ahead by the preparing process (on 2 cores both came after the study before ended)."""
+        job = prefetch._jobs.get((family.name, problem))
+        startup = None if job is None else job.result(timeout=120)
+        if startup is not None:
+            pool = prefetch.session.evaluator.pool
+            bound = kernels.bind(family, problem.layout, problem.batch)
+            deadline = time.monotonic() + 120
+            while (not all(pool.compiled(bound, c) for c in startup.first_asks(4))
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+        return real_peek(prefetch, family, problem)
+
+    def build(session, family, problem, *args, **kwargs):
+        events.append(("build", family.name, 0))
+        return real_run(session, family, problem, *args, **kwargs)
+
+    monkeypatch.setattr(LiveEvaluator, "post_compiled", post)
+    monkeypatch.setattr(StartupPrefetch, "peek", ready_peek)
+    monkeypatch.setattr(session_module, "StudyRun", build)
+    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
+    families = ["smem", "blocktile1d", "skinny"]
+    evaluator = _command([arg for name in families for arg in ("--kernel", name)]
+                         + ["--shape", "64x48x32", "--trials", "40", "--patience", "0",
+                            "--workers", "2", "--retime-rounds", "0", "--db", url,
+                            "--cache", str(tmp_path / "cubins")])
+    assert evaluator.phases.answers == evaluator.phases.trials
+    early = {family for i, (kind, family, posted) in enumerate(events)
+             if kind == "post" and posted and ("build", family, 0) not in events[:i]}
+    assert early == {"skinny"}, events  # posted while blocktile1d waited
+    storage = optuna.storages.RDBStorage(url)
+    for name in early:
+        (study,) = [s.study_name for s in optuna.get_all_study_summaries(storage)
+                    if name in s.study_name]
+        family = kernels.get_family(name)
+        trials = optuna.load_study(study_name=study, storage=storage).trials
+        keys = [config_key(space.config_from_params(family, t.params, t.distributions))
+                for t in trials]
+        assert len(keys) == len(set(keys))  # each config once
+        assert not any(t.user_attrs.get("posted") for t in trials)  # each asked by the search

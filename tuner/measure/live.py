@@ -361,15 +361,33 @@ class CompilePool:
         if key in self._ahead:
             self._ahead.discard(key)
             self.ahead_taken += 1
-        found = cached_cubin(key, self.arch, self.cache_dir) if key is not None else None
+        found = self._cached(key) if key is not None else None
         if found is not None:
-            done: Future[_Compiled] = Future()
-            done.set_result(_Compiled(found.cubin, dict(found.resources), found.seconds))
-            return done
+            return found
         building = self._building.get(key) if key is not None else None
         if building is not None and not building.cancelled():
             return building
         return self._start(key, family, config)
+
+    def compiled(self, family: Any, config: dict[str, int]) -> Future[_Compiled] | None:
+        """The config's compile where it is done now (a finished job, or a CUBIN the cache
+        holds), else None: nothing is started or waited for."""
+        try:
+            key = self._cubin_key(family, config)
+        except kernels.ConfigError:
+            return None
+        building = self._building.get(key)
+        if building is not None:
+            return building if building.done() and not building.cancelled() else None
+        return self._cached(key)
+
+    def _cached(self, key: str) -> Future[_Compiled] | None:
+        found = cached_cubin(key, self.arch, self.cache_dir)
+        if found is None:
+            return None
+        done: Future[_Compiled] = Future()
+        done.set_result(_Compiled(found.cubin, dict(found.resources), found.seconds))
+        return done
 
     def _start(self, key: str | None, family: Any, config: dict[str, int]
                ) -> Future[_Compiled]:
@@ -711,15 +729,31 @@ class LiveEvaluator:
         comes. Only those compiled already (a tuned shape's, in the CUBIN cache): the others'
         compiles go on as prepared compiles for the asks, never waited for here. How many were
         posted."""
+        return self._post_configs(family, configs, compile=True)
+
+    def post_compiled(self, family: Any, configs: Iterable[dict[str, int]], limit: int) -> int:
+        """``post_ahead`` of at most ``limit`` configs, of those whose compile is done now:
+        nothing is compiled for the others (the running study's compiles keep the workers)."""
+        return self._post_configs(family, configs, compile=False, limit=limit)
+
+    def _post_configs(self, family: Any, configs: Iterable[dict[str, int]], compile: bool,
+                      limit: int | None = None) -> int:
         self._take_over()
         if self.problem is None:
             return 0
         posted = 0
         for config in configs:
+            if limit is not None and posted >= limit:
+                break
             key = (self._key(family, config), self.problem)
             if key in self._opened:
                 continue
-            future = self._compiles.pop(key[0], None) or self.pool.submit(family, config)
+            future = self._compiles.pop(key[0], None)
+            if future is None:
+                future = (self.pool.submit(family, config) if compile
+                          else self.pool.compiled(family, config))
+                if future is None:
+                    continue
             if not future.done():
                 self._compiles[key[0]] = future
                 continue

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 import kernels
-from tuner.measure.evaluator import Baseline
+from tuner.measure.evaluator import Baseline, tickets
 from tuner.measure.recording import bundled
 from tuner.problem import Problem
 from tuner.report import config_text, format_table
@@ -154,6 +154,35 @@ class AheadPosts:
             self.post(bound, [c for c in asks if c not in warm][:max(0, window - len(warm))])
 
 
+    def while_waiting(self, later: list[tuple[Any, Startup | None]], problem: Problem) -> None:
+        """While the running study waits for a compile with none of its candidates on the GPU:
+        the shape's later studies' first configs (``later``: each family in order with its
+        start-up where prepared; their warm start, then their first asks, as ``first_asks``
+        posts them) whose compiles are done, as many as the evaluator takes at once, and only
+        once every earlier post was answered, so that the running study's next candidate
+        queues behind a few at most. The later study asks them first and takes their answers
+        (docs/measurement.md, "Later studies' first asks while a study waits"). Not with
+        claims."""
+        evaluator = self.session.evaluator
+        post = getattr(evaluator, "post_compiled", None)
+        unanswered = getattr(evaluator, "posted_ahead", None)
+        if (self.post is None or post is None or unanswered is None or self.session.claim_trials
+                or unanswered()):
+            return
+        room = tickets(evaluator)
+        window = min(self.session.batch, self.trials)
+        for family, startup in later:
+            bound = kernels.bind(family, problem.layout, problem.batch)
+            warm = self._warm_start(bound, problem)
+            if warm is None:
+                continue  # it resumes: its asks are not known ahead
+            asks = [] if startup is None else [c for c in startup.first_asks(window)
+                                               if c not in warm]
+            room -= post(bound, warm + asks[:max(0, window - len(warm))], room)
+            if room <= 0:
+                return
+
+
 def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:
     """The shape's baseline on this GPU, as the newest (the one fractions of cuBLAS read)."""
     problem_id = session.database.ensure_problem(
@@ -279,7 +308,12 @@ def tune_all(
                     except Exception:  # noqa: BLE001  not this run's failure: built again below
                         log.debug("building the next study early failed", exc_info=True)
 
-                outcome = current.run(build_next if same_shape else None)
+                def while_waiting() -> None:
+                    posts.while_waiting([(f, prefetch.peek(f, problem))
+                                         for p, f in order[index + 1:] if p == problem], problem)
+
+                outcome = current.run(build_next if same_shape else None,
+                                      while_waiting if same_shape else None)
                 summary.outcomes.append((problem, current.family, outcome))
                 index += 1
                 if not same_shape or session.stop.requested:

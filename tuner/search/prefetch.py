@@ -286,6 +286,14 @@ class StartupPrefetch:
         self.session.phases.add(STARTUP_BG, startup.seconds)
         return startup
 
+    def peek(self, family: Any, problem: Problem) -> Startup | None:
+        """The prepared start-up of ``family`` on ``problem`` where it is ready now, left for
+        ``take``; else None (not waited for)."""
+        job = self._jobs.get((family.name, problem))
+        if job is None or not job.done() or job.cancelled() or job.exception() is not None:
+            return None
+        return job.result()
+
     def _give_up(self) -> None:
         self.close()
         self._broken = True

@@ -365,6 +365,7 @@ class _Tally:
 
 # Called by a run once it asks for nothing more and its last candidates are with the GPU child.
 Draining = Callable[[], None]
+Waiting = Callable[[], None]
 
 
 class StudyRun:
@@ -463,6 +464,7 @@ class StudyRun:
         self.pulled_at = -math.inf  # the last pull (monotonic)
         self.writer = StoreWriter(background=session.background_store)
         self.while_draining: Draining | None = None  # run's, until called
+        self.while_waiting: Waiting | None = None  # run's
         # compile_ahead's rows (of accepted_all): the model's next asks as its fit number
         # ``_ahead_fits`` foresaw them
         self._ahead: deque[int] = deque()
@@ -859,6 +861,8 @@ class StudyRun:
             item = first_ready()
             wait_any = getattr(evaluator, "wait_any", None)
             if item is None and wait and candidates and wait_any is not None:
+                if self.while_waiting is not None:
+                    self.while_waiting()
                 wait_any(self.family, [waiting.config for waiting in candidates])
                 item = first_ready()
             if item is not None:
@@ -952,11 +956,12 @@ class StudyRun:
             postfix["cuBLAS"] = f"{best.value / self.baseline_gflops:.2f}"
         bar.set_postfix(postfix, refresh=False)
 
-    def _loop(self, deadline: float | None, bar: tqdm, while_draining: Draining | None) -> str:
+    def _loop(self, deadline: float | None, bar: tqdm, while_draining: Draining | None,
+              while_waiting: Waiting | None) -> str:
         """Ask and measure until a stop rule holds; returns the reason."""
         self.session.evaluator.set_problem(self.problem)
         self.deadline, self.loop_started = deadline, time.monotonic()
-        self.while_draining = while_draining
+        self.while_draining, self.while_waiting = while_draining, while_waiting
         with self.phases.loop():
             reason = self._search(deadline, bar)
             if reason != "interrupted":
@@ -1052,10 +1057,13 @@ class StudyRun:
         except db.InvalidInputError as error:  # marked interrupted as stale meanwhile
             log.warning("%s", error)
 
-    def run(self, while_draining: Draining | None = None) -> StudyOutcome:
+    def run(self, while_draining: Draining | None = None,
+            while_waiting: Waiting | None = None) -> StudyOutcome:
         """Measure until a stop rule holds. ``while_draining``: called once when the run asks
         for nothing more, while the GPU child still measures its last candidates (the caller
-        builds the next study then, instead of after them with the GPU idle)."""
+        builds the next study then, instead of after them with the GPU idle).
+        ``while_waiting``: called each time the run is about to wait for a compile with none of
+        its candidates with the GPU (the caller can hand it other work meanwhile)."""
         session, problem, budget = self.session, self.problem, self.budget
         with session.phases.timed(STUDY_STORAGE):
             problem_id = session.database.ensure_problem(
@@ -1081,7 +1089,7 @@ class StudyRun:
         heartbeat = Heartbeat(session.heartbeat_s, [self._beat_run, self.shared.beat])
         try:
             with heartbeat:
-                stop_reason = self._loop(deadline, bar, while_draining)
+                stop_reason = self._loop(deadline, bar, while_draining, while_waiting)
             run_state = "interrupted" if stop_reason == "interrupted" else "finished"
         except KeyboardInterrupt:
             run_state, stop_reason = "interrupted", "interrupted"
