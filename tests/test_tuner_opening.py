@@ -422,22 +422,27 @@ def test_the_start_loads_only_this_gpu_models_recordings(tmp_path, monkeypatch):
 def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_path,
                                                                            monkeypatch):
     """Within the trial budget, the opening posts naive's whole space (48 accepted configs of
-    60); the study stops on patience before asking for them all and takes the rest of the
-    answers as trials: each accepted config stored once, measured once, none dropped."""
+    60); the study takes every answer as a trial without asking its search for any (the model
+    would only have fitted first, with the GPU idle): each accepted config stored once,
+    measured once, none dropped."""
     from tuner.run.cli import parse_args
     from tuner.run.tune import start_command, tune
+    from tuner.search.learned import ModelSampler
     from tuner.search.study import StudyRun
 
     monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
     url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
     options = parse_args(["--kernel", "naive", "--shape", "64x48x32", "--trials", "80",
-                          "--patience", "2", "--sampler", "random", "--workers", "2",
+                          "--patience", "2", "--workers", "2",
                           "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
     accepted = NAIVE.accepted_configs("sm_90")
     taken: list[dict[str, int]] = []
-    real = StudyRun._ask_for
+    sampled: list[str] = []
+    real, real_sample = StudyRun._ask_for, ModelSampler.sample_relative
     monkeypatch.setattr(StudyRun, "_ask_for",
                         lambda study, config: taken.append(config) or real(study, config))
+    monkeypatch.setattr(ModelSampler, "sample_relative", lambda sampler, *args: sampled.append(
+        sampler.learned.family) or real_sample(sampler, *args))
     evaluator, process = start_command(options)
     with evaluator:
         try:
@@ -459,7 +464,8 @@ def test_a_small_space_the_opening_posts_whole_is_taken_whole_by_its_study(tmp_p
         assert sorted(map(sorted, measured)) == sorted(map(sorted, accepted))
     finally:
         database.close()
-    assert taken  # the study stopped with answers it had not asked for, and took them
+    assert sorted(map(sorted, taken)) == sorted(map(sorted, accepted))  # each taken as posted
+    assert "naive" not in sampled  # its search was asked for nothing
 
 
 @pytest.mark.parametrize("claims,gpu,name", [(False, None, "blocktile1d"),
