@@ -144,15 +144,12 @@ class AheadPosts:
         Not with claims, where each ask is claimed before it is measured."""
         if self.post is None or startup is None or self.session.claim_trials:
             return
-        window = min(self.session.batch, self.trials)
-        asks = startup.first_asks(window)
-        if not asks:
-            return
         bound = kernels.bind(family, problem.layout, problem.batch)
         warm = self._warm_start(bound, problem)
         if warm is not None:
-            self.post(bound, [c for c in asks if c not in warm][:max(0, window - len(warm))])
-
+            asks = self._beside(warm, startup)
+            if asks:
+                self.post(bound, asks)
 
     def while_waiting(self, later: list[tuple[Any, Startup | None]], problem: Problem) -> None:
         """While the running study waits for a compile with none of its candidates on the GPU:
@@ -170,17 +167,22 @@ class AheadPosts:
                 or unanswered()):
             return
         room = tickets(evaluator)
-        window = min(self.session.batch, self.trials)
         for family, startup in later:
             bound = kernels.bind(family, problem.layout, problem.batch)
             warm = self._warm_start(bound, problem)
             if warm is None:
                 continue  # it resumes: its asks are not known ahead
-            asks = [] if startup is None else [c for c in startup.first_asks(window)
-                                               if c not in warm]
-            room -= post(bound, warm + asks[:max(0, window - len(warm))], room)
+            room -= post(bound, warm + self._beside(warm, startup), room)
             if room <= 0:
                 return
+
+    def _beside(self, warm: list[dict[str, int]], startup: Startup | None
+                ) -> list[dict[str, int]]:
+        """The study's first asks not in its warm start, as many as its first window holds
+        beside it."""
+        window = min(self.session.batch, self.trials)
+        asks = [] if startup is None else startup.first_asks(window)
+        return [c for c in asks if c not in warm][:max(0, window - len(warm))]
 
 
 def _store_baseline(session: Session, problem: Problem, baseline: Baseline) -> None:

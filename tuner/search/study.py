@@ -365,6 +365,8 @@ class _Tally:
 
 # Called by a run once it asks for nothing more and its last candidates are with the GPU child.
 Draining = Callable[[], None]
+# Called by a run each time it is about to wait for a compile with none of its candidates with the
+# GPU child.
 Waiting = Callable[[], None]
 
 
