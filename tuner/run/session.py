@@ -111,15 +111,18 @@ class AheadPosts:
         self.post = post if session.warm_start else None
         self._warm: dict[tuple[str, Problem], list[dict[str, int]] | None] = {}
 
-    def _warm_start(self, bound: Any, problem: Problem) -> list[dict[str, int]] | None:
-        """The study's warm start, or None where it resumes."""
+    def _warm_start(self, family: Any, problem: Problem
+                    ) -> tuple[Any, list[dict[str, int]] | None]:
+        """The family bound to the problem's layout and batch, and its study's warm start, or
+        None where it resumes."""
+        bound = kernels.bind(family, problem.layout, problem.batch)
         key = (bound.name, problem)
         if key not in self._warm:
             session = self.session
             same, elsewhere = warm_start(session.database, session.gpu_name, bound, problem,
                                          session.evaluator.arch())
             self._warm[key] = None if same else elsewhere[:self.trials]
-        return self._warm[key]
+        return bound, self._warm[key]
 
     def warm_starts(self, families: list[Any], problem: Problem) -> None:
         """Before the first of ``families`` (the shape's studies still to be built, in order)
@@ -131,8 +134,7 @@ class AheadPosts:
         for i, family in enumerate(families):
             if i and (ahead is None or ahead() >= AHEAD):
                 break
-            bound = kernels.bind(family, problem.layout, problem.batch)
-            warm = self._warm_start(bound, problem)
+            bound, warm = self._warm_start(family, problem)
             if warm is not None:
                 self.post(bound, warm)
 
@@ -144,8 +146,7 @@ class AheadPosts:
         Not with claims, where each ask is claimed before it is measured."""
         if self.post is None or startup is None or self.session.claim_trials:
             return
-        bound = kernels.bind(family, problem.layout, problem.batch)
-        warm = self._warm_start(bound, problem)
+        bound, warm = self._warm_start(family, problem)
         if warm is not None:
             asks = self._beside(warm, startup)
             if asks:
@@ -168,8 +169,7 @@ class AheadPosts:
             return
         room = tickets(evaluator)
         for family, startup in later:
-            bound = kernels.bind(family, problem.layout, problem.batch)
-            warm = self._warm_start(bound, problem)
+            bound, warm = self._warm_start(family, problem)
             if warm is None:
                 continue  # it resumes: its asks are not known ahead
             room -= post(bound, warm + self._beside(warm, startup), room)
