@@ -381,16 +381,50 @@ def child_idle(child_spans: list[tuple[float, float]], loops: list[tuple[float, 
             "in_studies_gaps_over_50ms": long_gaps, "studies": len(loops)}
 
 
+MainSpans = dict[str, list[tuple[float, float]]]
+
+
+def gap_phases(start: float, end: float, spans: MainSpans) -> dict[str, float]:
+    """What the main thread did during [start, end], in seconds per phase, adding up to the
+    stretch: at each moment the innermost phase it was in (spans nest: of the open ones, the
+    one begun last), ``other`` where it was in none (the loop's own bookkeeping, a study's
+    set-up outside its named parts, the command's start). Largest first."""
+    inside = [(a, b, name) for name, pairs in spans.items() for a, b in pairs
+              if a < end and b > start]
+    cuts = sorted({start, end, *(t for a, b, _ in inside for t in (a, b) if start < t < end)})
+    seconds: dict[str, float] = {}
+    for lo, hi in zip(cuts, cuts[1:]):
+        middle = (lo + hi) / 2
+        open_now = [(a, -b, name) for a, b, name in inside if a <= middle < b]
+        name = max(open_now)[2] if open_now else "other"
+        seconds[name] = seconds.get(name, 0.0) + hi - lo
+    return dict(sorted(seconds.items(), key=lambda item: -item[1]))
+
+
+def idle_by_phase(child_spans: list[tuple[float, float]], spans: MainSpans,
+                  over: float = 0.05) -> dict[str, float]:
+    """The GPU child's gaps over ``over`` seconds between its first answer and its last, summed
+    per main-thread phase (``gap_phases``): which phase held the GPU idle. Largest first."""
+    ordered = sorted(child_spans)
+    total: dict[str, float] = {}
+    for (_, a), (b, _) in zip(ordered, ordered[1:]):
+        if b - a > over:
+            for name, seconds in gap_phases(a, b, spans).items():
+                total[name] = total.get(name, 0.0) + seconds
+    return dict(sorted(total.items(), key=lambda item: -item[1]))
+
+
 def longest_gaps(child_spans: list[tuple[float, float]], loops: list[tuple[float, float]],
-                 families: list[str], began: float, ended: float, top: int = 12
-                 ) -> list[dict[str, Any]]:
+                 families: list[str], began: float, ended: float, top: int = 12,
+                 spans: MainSpans | None = None) -> list[dict[str, Any]]:
     """The ``top`` longest stretches with no GPU child at work, from the command's start
     (``began``) to its end: when each began (seconds from the start), how long it lasted, and
     where the main thread was then: in which study's loop, between two loops (the next
-    study's set-up), or in the command's start (before the first loop)."""
-    spans = sorted(child_spans)
-    edges = [began] + [b for _, b in spans]
-    starts = [a for a, _ in spans] + [ended]
+    study's set-up), or in the command's start (before the first loop); with the main thread's
+    phase ``spans``, what it did meanwhile (``phases``, ``gap_phases``)."""
+    answers = sorted(child_spans)
+    edges = [began] + [b for _, b in answers]
+    starts = [a for a, _ in answers] + [ended]
     ordered = sorted(loops)
 
     def where(t: float) -> str:
@@ -403,7 +437,8 @@ def longest_gaps(child_spans: list[tuple[float, float]], loops: list[tuple[float
         return "after the last loop"
 
     gaps = [(b - a, a) for a, b in zip(edges, starts) if b - a > 0]
-    return [{"from_s": a - began, "seconds": length, "where": where(a)}
+    return [{"from_s": a - began, "seconds": length, "where": where(a),
+             **({"phases": gap_phases(a, a + length, spans)} if spans is not None else {})}
             for length, a in sorted(gaps, key=lambda gap: (-gap[0], gap[1]))[:top]]
 
 
@@ -477,6 +512,11 @@ def report(phases: Phases, *, wall_s: float, start_s: float, sampler: Utilizatio
     }
 
 
+def _phase_list(seconds: dict[str, float], least: float, most: int | None = None) -> str:
+    shown = [(name, s) for name, s in seconds.items() if s >= least][:most]
+    return ", ".join(f"{name} {s:.2f} s" for name, s in shown) or "-"
+
+
 def print_report(result: dict[str, Any]) -> None:
     print(f"\nwall {result['wall_s']:.1f} s = one-time start {result['start_s']:.1f} s "
           f"(processes and imports, inputs + reference, cuBLAS) + tuning {result['tuning_s']:.1f} s "
@@ -527,10 +567,16 @@ def print_report(result: dict[str, Any]) -> None:
           f"{idle['in_studies_s']:.2f} s inside them "
           f"({idle['in_studies_gaps_over_50ms']} gaps > 50 ms), "
           f"{idle['after_last_s']:.2f} s after its last")
+    by_phase = result.get("idle_by_phase")
+    if by_phase:
+        print("GPU child idle in its gaps > 50 ms, by what the main thread did: "
+              + _phase_list(by_phase, 0.05))
     gaps = result.get("longest_gaps")
     if gaps:
         print("longest with the GPU child idle: " + "; ".join(
-            f"{gap['seconds']:.2f} s at {gap['from_s']:.1f} s ({gap['where']})" for gap in gaps))
+            f"{gap['seconds']:.2f} s at {gap['from_s']:.1f} s ({gap['where']}"
+            + (f": {_phase_list(gap['phases'], 0.01, 3)}" if gap.get("phases") else "") + ")"
+            for gap in gaps))
     ahead = result.get("compiled_ahead")
     if ahead:
         print(f"compiles begun ahead of the model's asks: {ahead['begun']}, "
@@ -622,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
         evaluator, process = start_command(options, backend_options=backend_options,
                                            queue_depth=args.queue_depth)
         child_start_s = time.perf_counter() - started
-        evaluator.phases.every_span = args.timeline is not None
+        # every phase's spans, for the timeline and for what the main thread did in each gap
+        evaluator.phases.every_span = True
         cpu.compiling = evaluator.pool.building
         if sampler is None:
             sampler = UtilizationSampler(evaluator.devices)
@@ -652,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     result["after_first"] = after_first(phases, sampler, (began, tuning_span[1]), gpus)
     if gpus == 1:  # (with several, a gap of one GPU is not the host's)
         result["longest_gaps"] = longest_gaps(phases.child_spans, phases.loops, families,
-                                              began, tuning_span[1])
+                                              began, tuning_span[1], spans=phases.spans)
+        result["idle_by_phase"] = idle_by_phase(phases.child_spans, phases.spans)
     result.update({
         "host_cpu_share": cpu.mean(*tuning_span),
         "studies": per_study(families, phases.loops, phases.child_spans, tuning_from, cpu,

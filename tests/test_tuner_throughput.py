@@ -144,6 +144,26 @@ def test_the_longest_gaps_say_when_and_where_the_gpu_child_waited():
     assert between["where"] == "before smem's loop" and between["seconds"] == pytest.approx(0.2)
 
 
+def test_each_gap_is_split_by_the_innermost_main_thread_phase_it_overlaps():
+    throughput = bench_module("throughput")
+    # a study's set-up waits for its start-up (nested in it), then the loop proposes
+    spans = {"study_start": [(1.0, 3.0)], "startup_wait": [(1.5, 2.5)],
+             "propose": [(3.2, 3.6)], "gpu_wait": [(5.0, 6.0)]}
+    split = throughput.gap_phases(0.5, 4.0, spans)
+    assert split == pytest.approx({"startup_wait": 1.0, "study_start": 1.0, "other": 1.1,
+                                   "propose": 0.4})
+    assert list(split)[0] == "other" and list(split)[-1] == "propose"  # largest first
+    assert sum(split.values()) == pytest.approx(3.5)  # the stretch, nothing counted twice
+    assert throughput.gap_phases(4.0, 4.5, spans) == pytest.approx({"other": 0.5})
+    # summed over the child's gaps over 50 ms only, between its first answer and its last
+    answers = [(0.0, 0.5), (4.0, 5.0), (5.02, 6.0), (6.5, 7.0)]
+    assert throughput.idle_by_phase(answers, spans) == pytest.approx(
+        {"startup_wait": 1.0, "study_start": 1.0, "other": 1.6, "propose": 0.4})
+    (longest,) = throughput.longest_gaps(answers, [(0.2, 7.0)], ["naive"], 0.0, 7.0, top=1,
+                                         spans=spans)
+    assert longest["seconds"] == pytest.approx(3.5) and longest["phases"] == pytest.approx(split)
+
+
 def test_per_study_rows_split_the_tuning_span_at_each_loop_end():
     throughput = bench_module("throughput")
 
@@ -238,6 +258,9 @@ def test_throughput_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     assert result["study_start_parts"]["study_storage"] > 0  # the run record, at least
     assert "one-time start: start_imports" in done.stdout
     assert result["longest_gaps"] and "longest with the GPU child idle" in done.stdout
+    for gap in result["longest_gaps"]:  # what the main thread did meanwhile, the whole gap
+        assert sum(gap["phases"].values()) == pytest.approx(gap["seconds"])
+    assert set(result["idle_by_phase"]) <= set(seen["main"]) | {"other"}
 
 
 def test_a_slow_compile_at_the_head_of_the_window_does_not_hold_back_the_others(tmp_path):
