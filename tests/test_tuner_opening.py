@@ -87,42 +87,6 @@ def test_the_openings_ready_hook_gets_the_started_evaluator_before_the_candidate
     assert calls == [("ready", (arch, 132, batch)), ("candidates", arch)]
 
 
-def test_the_openings_later_candidates_are_posted_once_the_ready_hook_has_them(tmp_path):
-    """``Opening.ready`` may return a future of more candidates (the first prior-ranked
-    study's first asks, known once the prior's compiles are done): they are posted after the
-    listed ones, each once, before the command's first work; a failed one is left out."""
-    listed, later = NAIVE_CONFIGS[0], NAIVE_CONFIGS[1:]
-    for fails in (False, True):
-        more: Future = Future()
-
-        def ready(evaluator: LiveEvaluator) -> Future:
-            return more
-
-        def candidates(arch: str) -> list[tuple[object, dict[str, int]]]:
-            return [(NAIVE, listed)]
-
-        with LiveEvaluator(0, cache_dir=tmp_path, workers=2, backend="tuner.testing",
-                           wait=False, opening=Opening(SMALL, candidates, ready)) as evaluator:
-            evaluator.wait_started()
-            deadline = time.monotonic() + 60
-            while not evaluator.lanes[0].queued:
-                assert time.monotonic() < deadline, "the listed candidate was not posted"
-                time.sleep(0.05)
-            if fails:
-                more.set_exception(RuntimeError("the prior's compiles failed"))
-            else:
-                more.set_result([(NAIVE, config) for config in [*later, listed]])
-            expected = [listed] if fails else NAIVE_CONFIGS
-            while evaluator._starting is not None and evaluator._starting.is_alive():
-                assert time.monotonic() < deadline, "the opening did not end"
-                time.sleep(0.05)
-            assert len(evaluator.lanes[0].queued) == len(expected)  # the listed one once
-            tickets = [evaluator.submit(NAIVE, config, SMALL) for config in expected]
-            assert {id(t) for t in tickets} == {id(t) for t in evaluator.lanes[0].queued}
-            assert [evaluator.collect(t).state for t in tickets] == ["ok"] * len(expected)
-            assert evaluator.phases.answers == len(expected)
-
-
 def test_the_first_shapes_prior_compiles_begin_at_the_start_for_its_first_ranked_study(
         tmp_path):
     """``preparer.compile_prior`` (run in a preparing process once the GPU is named): the
@@ -139,73 +103,13 @@ def test_the_first_shapes_prior_compiles_begin_at_the_start_for_its_first_ranked
     warmed = preparer.compile_prior(["pipelined", "smem", "blocktile1d", "naive"], "NVIDIA H200",
                                     "sm_90", problem, 132, 4, 7, str(cache), "default",
                                     prior_compiles=3)
-    assert warmed is not None
-    name, first_asks = warmed
-    assert name == "blocktile1d"
+    assert warmed == "blocktile1d"
     compiled = {path.name for path in cache.rglob("*.cubin")}
     assert len(compiled) == 3 + 3  # smem's three, blocktile1d's prior compiles (3 here)
     startup = prepare_startup("blocktile1d", "sm_90", problem, "default", 132, 4, 7, 3,
                               str(cache), True)
     assert startup.ranking is not None and startup.ranking.compiled == 3
     assert {path.name for path in cache.rglob("*.cubin")} == compiled  # nothing compiled again
-    # what the opening posts for it: the first asks of the start-up its study then takes
-    assert len(first_asks) == 4 and first_asks == startup.first_asks(4)
-
-
-def test_the_opening_posts_the_first_prior_ranked_studys_first_asks_and_its_search_asks_them(
-        tmp_path, monkeypatch):
-    """With two preparing processes (16 cores and up), the opening posts, after the declared
-    starting points, the first asks of the first study that starts from the prior
-    (blocktile1d on the H200, which has no recording of it), ranked where its prior's compiles
-    ran: its search then asks each of them (none taken at the end as an answer nobody asked
-    for), each measured once."""
-    import optuna
-    from tuner.run.cli import parse_args
-    from tuner.run.tune import start_command, tune
-    from tuner.search import preparer, space
-
-    monkeypatch.setenv("GEMMTUNE_GPU_BACKEND", "tuner.testing")
-    monkeypatch.setenv(NAME_ENV, "NVIDIA H200")
-    monkeypatch.setattr(preparer, "processes", lambda cores=None: 2)
-    listed: list[list[tuple[str, dict[str, int]]]] = []
-    real_list = LiveEvaluator._list_opening
-
-    def spy(evaluator: LiveEvaluator, candidates, problem) -> None:
-        candidates = list(candidates)
-        listed.append([(family.name, config) for family, config in candidates])
-        real_list(evaluator, candidates, problem)
-
-    monkeypatch.setattr(LiveEvaluator, "_list_opening", spy)
-    url = f"sqlite:///{tmp_path / 'gemmtune.sqlite'}"
-    options = parse_args(["--kernel", "smem", "--kernel", "blocktile1d", "--shape", "64x48x32",
-                          "--trials", "12", "--patience", "0", "--workers", "2",
-                          "--retime-rounds", "0", "--db", url, "--cache", str(tmp_path / "cubins")])
-    evaluator, process = start_command(options)
-    with evaluator:
-        try:
-            deadline = time.monotonic() + 300
-            while (len(listed) < 2 or evaluator._opening_left) and time.monotonic() < deadline:
-                time.sleep(0.05)  # (on 2 cores the prior's compiles outlast the start)
-            assert len(listed) == 2, "the later candidates never came"
-            assert tune(options, evaluator, progress=False, preparer=process) == 0
-        finally:
-            kill_pool(process)
-        assert not evaluator._opened
-    assert evaluator.phases.answers == evaluator.phases.trials
-    later = [config for name, config in listed[1]]
-    assert later and {name for name, _ in listed[1]} == {"blocktile1d"}
-    assert len(later) == evaluator.batch
-    storage = optuna.storages.RDBStorage(url)
-    (study,) = [s.study_name for s in optuna.get_all_study_summaries(storage)
-                if "blocktile1d" in s.study_name]
-    family = kernels.get_family("blocktile1d")
-    trials = {config_key(space.config_from_params(family, t.params, t.distributions)): t
-              for t in optuna.load_study(study_name=study, storage=storage).trials}
-    assert len(trials) == evaluator.phases.trials - 3  # each config once (smem's three aside)
-    for config in later[:12 - 1]:  # (the trial budget, past its one starting point)
-        trial = trials[config_key(config)]
-        assert trial.state == optuna.trial.TrialState.COMPLETE
-        assert not trial.user_attrs.get("posted")  # asked by the search, not taken at its end
 
 
 def test_an_opening_answer_nobody_asks_for_is_read_and_dropped(tmp_path):

@@ -485,10 +485,8 @@ class Opening:
     candidates: Callable[[str], list[tuple[Any, dict[str, int]]]]
     # Called with the evaluator once its GPU processes are ready, before the candidates are
     # listed: other work of the start that needs the GPU's model, architecture or SM count
-    # (tuner.run.tune.opening: the first shape's prior compiles). It may return a future of
-    # more candidates, posted after the listed ones once it is done (the first study that
-    # starts from the prior: its first asks, ranked by those compiles).
-    ready: Callable[[Any], Future[list[tuple[Any, dict[str, int]]]] | None] | None = None
+    # (tuner.run.tune.opening: the first shape's prior compiles).
+    ready: Callable[[Any], None] | None = None
 
 
 # How often the opening's thread looks whether the command has stopped it (wait_started).
@@ -556,7 +554,6 @@ class LiveEvaluator:
         # wait_started stopped it (then prepared compiles); the cuBLAS baseline (or its error)
         self._opened: dict[tuple, Ticket] = {}
         self._opening_left: dict[tuple, tuple[Any, dict[str, int], Future[_Compiled]]] = {}
-        self._opening_more: Future[list[tuple[Any, dict[str, int]]]] | None = None
         self._opening_baseline: tuple[Problem, dict[str, Any] | RuntimeError] | None = None
         self._stop_opening = threading.Event()
         self._ready = threading.Event()  # the children and the compile processes started
@@ -685,7 +682,7 @@ class LiveEvaluator:
         problem = opening.problem
         if opening.ready is not None:
             try:
-                self._opening_more = opening.ready(self)
+                opening.ready(self)
             except Exception:  # noqa: BLE001  as the candidates below
                 log.warning("the start's work for a ready GPU failed; the search starts "
                             "without it", exc_info=True)
@@ -695,35 +692,21 @@ class LiveEvaluator:
             log.warning("the opening's candidates could not be listed; the search starts "
                         "without them", exc_info=True)
             candidates = []
-        self._list_opening(candidates, problem)
+        for family, config in candidates:
+            key = (self._key(family, config), problem)
+            if key not in self._opening_left:
+                self._opening_left[key] = (family, config, self.pool.submit(family, config))
         self._post_problem(problem)
         try:
             self._opening_baseline = (problem, self._request_baseline())
         except RuntimeError as error:  # no cuBLAS: raised again at the command's baseline
             self._opening_baseline = (problem, error)
 
-    def _list_opening(self, candidates: Iterable[tuple[Any, dict[str, int]]],
-                      problem: Problem) -> None:
-        """Begin the compiles of these opening candidates (each program once)."""
-        for family, config in candidates:
-            key = (self._key(family, config), problem)
-            if key not in self._opening_left and key not in self._opened:
-                self._opening_left[key] = (family, config, self.pool.submit(family, config))
-
     def _post_opening(self, problem: Problem) -> None:
-        """Post each opening candidate as its compile finishes, and the ``ready`` hook's more
-        once they are known, until ``_take_over``."""
-        more = self._opening_more
-        while (self._opening_left or more is not None) and not self._stop_opening.is_set():
+        """Post each opening candidate as its compile finishes, until ``_take_over``."""
+        while self._opening_left and not self._stop_opening.is_set():
             futures = [future for _, _, future in self._opening_left.values()]
-            wait([*futures, *([more] if more is not None else [])], timeout=_OPENING_POLL_S,
-                 return_when=FIRST_COMPLETED)
-            if more is not None and more.done():
-                if more.exception() is None:
-                    self._list_opening(more.result(), problem)
-                else:  # as a failed hook: the studies ask them themselves
-                    log.warning("the opening's later candidates failed: %s", more.exception())
-                more = None
+            wait(futures, timeout=_OPENING_POLL_S, return_when=FIRST_COMPLETED)
             for key in [key for key, (_, _, future) in self._opening_left.items() if future.done()]:
                 family, config, future = self._opening_left.pop(key)
                 self._open_compiled(key, family, config, future)

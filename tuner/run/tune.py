@@ -154,10 +154,7 @@ def opening(options: Options, preparing: Any = None) -> Any:
     (docs/measurement.md, "The command's start and end", "Small spaces in the opening"). Once
     the GPU is ready, ``preparing`` (the start-ups' processes) begins the prior's compiles of
     the first problem's first study that starts from the prior after its first
-    (``preparer.compile_prior``), whose first asks the opening then posts too. None where
-    there is no study."""
-    from concurrent.futures import Future
-
+    (``preparer.compile_prior``). None where there is no study."""
     import kernels
     from tuner.measure.live import Opening
     from tuner.search import preparer
@@ -182,31 +179,17 @@ def opening(options: Options, preparing: Any = None) -> Any:
                            if dict(config) not in listed]
         return chosen
 
-    def ready(evaluator: Any) -> Future[list[tuple[Any, dict[str, int]]]] | None:
+    def ready(evaluator: Any) -> None:
         arch, info = evaluator.arch(), evaluator.info()
         later = [f.name for f in options.families if f.offered_on(arch)][1:]
         # with one preparing process (under 16 cores) the start-ups planned behind this job
         # waited for it: smem's 5.0 s on the 2-core machine, what blocktile1d's saved
-        if (preparing is None or preparer.processes() <= 1 or not later
-                or int(info.get("sm_count") or 0) < 1):
-            return None
-        cache = options.evaluator.cache_dir
-        job = preparing.submit(preparer.compile_prior, later, info["name"], arch, problem,
-                               int(info["sm_count"]), evaluator.batch, options.search.seed,
-                               None if cache is None else str(cache), options.search.sampler)
-        more: Future[list[tuple[Any, dict[str, int]]]] = Future()
-
-        def bind(done: Future[tuple[str, list[dict[str, int]]] | None]) -> None:
-            try:
-                found = done.result()
-                family = (None if found is None else
-                          kernels.bind(kernels.get_family(found[0]), problem.layout, problem.batch))
-                more.set_result([] if found is None else [(family, c) for c in found[1]])
-            except BaseException as error:  # noqa: BLE001  the opening logs it and goes on
-                more.set_exception(error)
-
-        job.add_done_callback(bind)
-        return more
+        if (preparing is not None and preparer.processes() > 1 and later
+                and int(info.get("sm_count") or 0) >= 1):
+            cache = options.evaluator.cache_dir
+            preparing.submit(preparer.compile_prior, later, info["name"], arch, problem,
+                             int(info["sm_count"]), evaluator.batch, options.search.seed,
+                             None if cache is None else str(cache), options.search.sampler)
 
     return Opening(problem, candidates, ready)
 

@@ -68,8 +68,7 @@ def start(workers: int | None = None) -> ProcessPoolExecutor:
 
 def compile_prior(families: list[str], gpu: str, arch: str, problem: Any, sm_count: int,
                   batch: int, seed: int | None, cache_dir: str | None, sampler: str,
-                  prior_compiles: int | None = None
-                  ) -> tuple[str, list[dict[str, int]]] | None:
+                  prior_compiles: int | None = None) -> str | None:
     """At the command's start, in a preparing process: the static prior's compiles of the
     studies of ``families`` (the first problem's after its first, in order) that will start
     from the prior as far as this GPU model's bundled recordings tell (``study.ranks_prior``;
@@ -80,10 +79,7 @@ def compile_prior(families: list[str], gpu: str, arch: str, problem: Any, sm_cou
     compiles still running instead of starting them: planned only then, blocktile1d's at
     fresh 1024³ on the H200 came 4.9-5.2 s after its study began, the GPU idle
     (docs/measurement.md, "The first shape's prior compiles"). ``prior_compiles``: as the
-    session's (default ``prior.MAX_COMPILES``). The name of that family and its study's first
-    ``batch`` asks after its warm start (the prior's ranking: the opening posts them, compiled
-    here, for the GPU to measure while the first shape's start-ups are prepared; docs/measurement.md,
-    "The opening's second part"), or None."""
+    session's (default ``prior.MAX_COMPILES``). The name of that family, or None."""
     import kernels
     from tuner.measure.recording import manifest
     from tuner.search import prior
@@ -100,5 +96,5 @@ def compile_prior(families: list[str], gpu: str, arch: str, problem: Any, sm_cou
                                   prior.MAX_COMPILES if prior_compiles is None else prior_compiles,
                                   cache_dir)
         if startup.accepted is not None and len(startup.accepted) > len(startup.ranked or []):
-            return name, startup.first_asks(batch)
+            return name
     return None
