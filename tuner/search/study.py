@@ -803,7 +803,12 @@ class StudyRun:
         in_flight = {item.key for item in self._held()}
         if counting_others:
             in_flight |= self._others_busy()
-        return all(config_key(c) in self.known or config_key(c) in in_flight
+        return self._known_or_in(in_flight)
+
+    def _known_or_in(self, keys: set[ConfigKey]) -> bool:
+        """Every accepted config (an enumerable space's) measured, or one of ``keys``."""
+        assert self.accepted_all is not None
+        return all(config_key(c) in self.known or config_key(c) in keys
                    for c in self.accepted_all)
 
     def _nudge(self) -> None:
@@ -988,8 +993,7 @@ class StudyRun:
         if posted is None or self.shared.claims or self.accepted_all is None:
             return False
         answered = {config_key(config) for config in posted(self.family, self.problem)}
-        return bool(answered) and all(
-            config_key(c) in self.known or config_key(c) in answered for c in self.accepted_all)
+        return bool(answered) and self._known_or_in(answered)
 
     def _take_posted(self) -> None:
         """Record the answers posted ahead for this study that it did not ask for (the
