@@ -470,12 +470,13 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
     _fit_thread_idle()
     study, distributions = _vectorized_model_study(background=True)
     sampler = study.sampler
-    gate, fitted_on = threading.Event(), []
+    gate, refit_began, fitted_on = threading.Event(), threading.Event(), []
     real = costmodel.CostModel.fit
 
     def held(model):
         fitted_on.append(threading.current_thread().name)
         if len(fitted_on) > 1:
+            refit_began.set()
             gate.wait(timeout=20)  # the second fit waits until the test lets it go
         return real(model)
 
@@ -483,6 +484,8 @@ def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypa
     for number in range(20):
         trial = study.ask(distributions)
         study.tell(trial, float(number % 7))
+    # The refit is submitted during the asks; on a loaded machine its thread may start later.
+    assert refit_began.wait(timeout=20)
     assert fitted_on[0] == threading.current_thread().name  # the first: synchronous
     assert len(fitted_on) == 2 and fitted_on[1].startswith("costmodel-fit")  # one at a time
     assert sampler.fits == 1 and not gate.is_set()  # 20 asks made while it waited
