@@ -4,6 +4,7 @@ the search benchmark, examples from a real results database, and a replayed stud
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -459,28 +460,36 @@ def _fit_thread_idle() -> None:
     learned_module._fit_thread().submit(lambda: None).result(timeout=60)
 
 
-def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypatch):
-    """With an asynchronous evaluator (the GPU measures while the study asks) the model's
-    refits after the first run on a thread: the asks go on with the scores they have, and take
-    the new ones once the refit is done. The first fit (no scores yet) stays on the caller."""
-    import threading
-
+def _hold_fits(monkeypatch, held_from: int
+               ) -> tuple[list[str], threading.Event, threading.Event]:
+    """Patch the model's fit: each records the thread it runs on, and from the ``held_from``-th
+    on, each sets ``began`` and waits (20 s at most) until the test sets ``gate``. Returns the
+    threads' names, ``began`` and ``gate``."""
     from tuner.search import costmodel
 
-    _fit_thread_idle()
-    study, distributions = _vectorized_model_study(background=True)
-    sampler = study.sampler
-    gate, refit_began, fitted_on = threading.Event(), threading.Event(), []
+    fitted_on: list[str] = []
+    began, gate = threading.Event(), threading.Event()
     real = costmodel.CostModel.fit
 
     def held(model):
         fitted_on.append(threading.current_thread().name)
-        if len(fitted_on) > 1:
-            refit_began.set()
-            gate.wait(timeout=20)  # the second fit waits until the test lets it go
+        if len(fitted_on) >= held_from:
+            began.set()
+            gate.wait(timeout=20)
         return real(model)
 
     monkeypatch.setattr(costmodel.CostModel, "fit", held)
+    return fitted_on, began, gate
+
+
+def test_a_live_studys_model_refits_on_a_thread_while_it_goes_on_asking(monkeypatch):
+    """With an asynchronous evaluator (the GPU measures while the study asks) the model's
+    refits after the first run on a thread: the asks go on with the scores they have, and take
+    the new ones once the refit is done. The first fit (no scores yet) stays on the caller."""
+    _fit_thread_idle()
+    study, distributions = _vectorized_model_study(background=True)
+    sampler = study.sampler
+    fitted_on, refit_began, gate = _hold_fits(monkeypatch, held_from=2)
     for number in range(20):
         trial = study.ask(distributions)
         study.tell(trial, float(number % 7))
@@ -500,24 +509,12 @@ def test_a_live_study_is_told_to_hold_its_asks_while_its_first_fit_runs_on_a_thr
     yet) would hold the main thread with the GPU idle: ``holds_asks`` begins it on the fit
     thread and says to ask nothing until it is done; the next ask then takes its scores without
     fitting on the caller. A replay's sampler (not in the background) never holds."""
-    import threading
-
-    from tuner.search import costmodel
     from tuner.search import learned as learned_module
 
     _fit_thread_idle()
     study, distributions = _vectorized_model_study(background=True)
     sampler = study.sampler
-    gate, started, fitted_on = threading.Event(), threading.Event(), []
-    real = costmodel.CostModel.fit
-
-    def held(model):
-        fitted_on.append(threading.current_thread().name)
-        started.set()
-        gate.wait(timeout=20)
-        return real(model)
-
-    monkeypatch.setattr(costmodel.CostModel, "fit", held)
+    fitted_on, started, gate = _hold_fits(monkeypatch, held_from=1)
     for number in range(learned_module.STARTUP_TRIALS):
         assert not sampler.holds_asks(study)  # the start-up's picks: no fit needed
         study.tell(study.ask(distributions), float(number + 1))
